@@ -80,5 +80,11 @@ if [ "$(cat $STAMP 2>/dev/null)" != "$WANT" ] || [ ! -x .venv/bin/straggler ]; t
     || .venv/bin/python -m pip install -q --no-deps -e . || die "pip install -e . failed"
   echo "$WANT" > $STAMP
 fi
+# The demo's real distributed job (torch.distributed, gloo, CPU). Exactly 2.13.0: its CPU
+# build lies on this machine's disk; any other version would download a CUDA build.
+if [ "${STRAGGLER_SKIP_TORCH:-0}" != 1 ] && ! .venv/bin/python -c 'import torch' 2>/dev/null; then
+  say "installing torch==2.13.0 (CPU) for the demo's training job"
+  .venv/bin/python -m pip install -q torch==2.13.0 || die "pip install torch==2.13.0 failed (set STRAGGLER_SKIP_TORCH=1 to skip the demo job)"
+fi
 .venv/bin/python -c 'import bcc, ansible, straggler' || die ".venv cannot import bcc/ansible/straggler: rm -rf .venv and run make setup again"
 say "ok ($(.venv/bin/ansible --version | head -1), bcc $(.venv/bin/python -c 'import bcc;print(getattr(bcc,"__version__","?"))'))"
