@@ -16,6 +16,7 @@ COMMANDS = {
     "trace": ("straggler.agent", "trace CUDA/NCCL calls, scheduling and block I/O into the node's SQLite store (root)"),
     "status": ("straggler.status", "the agent's probes, events/s, lost events, DB size and own CPU use"),
     "query": ("straggler.store.query", "run read-only SQL against a node's database"),
+    "snapshot": ("straggler.store.snapshot", "write a consistent copy of a node's database (for collect/merge)"),
     "serve": ("straggler.api.server", "serve the node's database over HTTPS (mutual TLS) for the fleet client"),
     "fleet": ("straggler.fleet.cli", "run one SQL on every node at once, with clock offsets"),
     "pki": ("straggler.pki", "create a fleet CA and issue node/client certificates"),
