@@ -1,0 +1,326 @@
+"""Read-only SQL against a node's store: the guard every query path (CLI, HTTPS API, fleet,
+Ansible) goes through, and `straggler query`.
+
+Read-only is enforced by SQLite, never by matching the SQL text:
+  - the file is opened read-only (`file:…?mode=ro`), and `PRAGMA query_only=1` is set;
+  - an authorizer allows only SELECT, reads, functions, recursive CTEs and read-only PRAGMAs
+    (ATTACH/DETACH, every write, transactions and PRAGMAs that set a value are denied);
+  - exactly one statement; a time limit (progress handler) and a row cap.
+
+This module must not write to a database, and must not import the API, the fleet client or
+the analysis.
+"""
+import json
+import os
+import socket
+import sqlite3
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, List
+
+from ..errors import StragglerError
+
+DEFAULT_DB = "/var/lib/straggler/straggler.db"
+DEFAULT_LIMIT = 10000
+DEFAULT_TIMEOUT_S = 10.0
+_PROGRESS_EVERY_OPS = 2000
+
+# PRAGMAs that only read. Those in the second set take a name/number argument, not a value.
+READ_PRAGMAS = frozenset({
+    "application_id", "auto_vacuum", "cache_size", "collation_list", "compile_options", "data_version",
+    "database_list", "encoding", "foreign_keys", "freelist_count", "function_list", "journal_mode",
+    "module_list", "page_count", "page_size", "pragma_list", "query_only", "schema_version",
+    "user_version", "table_list", "max_page_count", "busy_timeout",
+})
+READ_PRAGMAS_WITH_ARGUMENT = frozenset({
+    "table_info", "table_xinfo", "index_list", "index_info", "index_xinfo", "foreign_key_list",
+    "table_list", "integrity_check", "quick_check",
+})
+DENIED_FUNCTIONS = frozenset({"load_extension", "readfile", "writefile", "edit", "fts3_tokenizer"})
+_SCHEMA_TABLES = frozenset({"sqlite_master", "sqlite_schema", "sqlite_temp_master", "sqlite_temp_schema"})
+
+_ACTION_NAMES = {getattr(sqlite3, name): name[len("SQLITE_"):].lower().replace("_", " ")
+                 for name in dir(sqlite3)
+                 if name.startswith("SQLITE_") and name in {
+                     "SQLITE_ATTACH", "SQLITE_DETACH", "SQLITE_INSERT", "SQLITE_UPDATE", "SQLITE_DELETE",
+                     "SQLITE_TRANSACTION", "SQLITE_SAVEPOINT", "SQLITE_ANALYZE", "SQLITE_REINDEX",
+                     "SQLITE_ALTER_TABLE", "SQLITE_CREATE_INDEX", "SQLITE_CREATE_TABLE", "SQLITE_CREATE_TEMP_INDEX",
+                     "SQLITE_CREATE_TEMP_TABLE", "SQLITE_CREATE_TEMP_TRIGGER", "SQLITE_CREATE_TEMP_VIEW",
+                     "SQLITE_CREATE_TRIGGER", "SQLITE_CREATE_VIEW", "SQLITE_CREATE_VTABLE", "SQLITE_DROP_INDEX",
+                     "SQLITE_DROP_TABLE", "SQLITE_DROP_TEMP_INDEX", "SQLITE_DROP_TEMP_TABLE",
+                     "SQLITE_DROP_TEMP_TRIGGER", "SQLITE_DROP_TEMP_VIEW", "SQLITE_DROP_TRIGGER", "SQLITE_DROP_VIEW",
+                     "SQLITE_DROP_VTABLE"}}
+
+
+class QueryError(StragglerError):
+    """The SQL failed on this database (syntax, unknown table, time limit, …): the node answered."""
+    kind = "sql-error"
+
+
+class QueryRejected(QueryError):
+    """The SQL is not a single read-only query: refused before (or while) it ran."""
+    kind = "rejected"
+
+
+class QueryTimeout(QueryError):
+    """The query ran past its time limit and was stopped."""
+    kind = "timeout"
+
+
+class DatabaseUnavailable(StragglerError):
+    """The database file is missing, unreadable or not a SQLite database."""
+
+
+@dataclass
+class QueryResult:
+    columns: List[str]
+    rows: List[List[Any]]
+    truncated: bool = False
+    elapsed_ms: float = 0.0
+    node: str = None   # filled by callers that know it (CLI, API)
+
+    def to_dict(self):
+        return {"node": self.node, "columns": list(self.columns), "rows": jsonable_rows(self.rows),
+                "truncated": self.truncated, "elapsed_ms": round(self.elapsed_ms, 3)}
+
+
+def jsonable_rows(rows):
+    """Rows with BLOBs as hex strings, so that JSON can carry them."""
+    out = []
+    for row in rows:
+        out.append([v.hex() if isinstance(v, (bytes, bytearray, memoryview)) else v for v in row])
+    return out
+
+
+def _one_line(exc):
+    return " ".join(str(exc).split()) or exc.__class__.__name__
+
+
+def _uri(db_path, immutable=False):
+    from urllib.parse import quote
+    absolute = os.path.abspath(db_path)
+    return f"file:{quote(absolute)}?mode=ro" + ("&immutable=1" if immutable else "")
+
+
+def _wal_has_data(db_path):
+    try:
+        return os.path.getsize(db_path + "-wal") > 0
+    except OSError:
+        return False
+
+
+def open_readonly(db_path, check_same_thread=True):
+    """A read-only connection to db_path (WAL-aware), with query_only set. No authorizer.
+
+    A WAL database needs its -shm file: when the directory is not writable by this user and no
+    -shm exists, SQLite cannot open it read-only; then, if the WAL holds nothing, the file alone
+    is complete and is opened as immutable. Raises DatabaseUnavailable with a one-line reason.
+    """
+    if not db_path:
+        raise DatabaseUnavailable("no database path given; pass --db PATH")
+    if not os.path.exists(db_path):
+        raise DatabaseUnavailable(f"no database at {db_path}; is the agent tracing there (straggler trace), or pass --db PATH")
+    if os.path.isdir(db_path):
+        raise DatabaseUnavailable(f"{db_path} is a directory, not a database file; pass --db PATH/straggler.db")
+    if not os.access(db_path, os.R_OK):
+        raise DatabaseUnavailable(f"{db_path} is not readable by this user; run as the agent's user (root) or use sudo")
+    last_error = None
+    for immutable in (False, True):
+        if immutable and _wal_has_data(db_path):
+            raise DatabaseUnavailable(
+                f"cannot open {db_path} read-only: its WAL holds data and this user cannot create or use "
+                f"{os.path.basename(db_path)}-shm in {os.path.dirname(os.path.abspath(db_path))}; run as the "
+                f"agent's user (root), or read a copy made with `straggler snapshot`")
+        try:
+            conn = sqlite3.connect(_uri(db_path, immutable), uri=True, isolation_level=None,
+                                   check_same_thread=check_same_thread, timeout=5.0)
+        except sqlite3.Error as exc:
+            last_error = exc
+            continue
+        try:
+            conn.execute("PRAGMA query_only = 1")
+            conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+            return conn
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            last_error = exc
+            code = getattr(exc, "sqlite_errorcode", None)
+            if code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT) or "not a database" in str(exc):
+                raise DatabaseUnavailable(f"{db_path} is not a SQLite database ({_one_line(exc)}); "
+                                          f"point --db at the agent's store") from None
+            if (code & 0xff if code else None) in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN):
+                continue  # WAL index not creatable here: try immutable
+            raise DatabaseUnavailable(f"cannot read {db_path}: {_one_line(exc)}") from None
+    raise DatabaseUnavailable(f"cannot open {db_path} read-only: {_one_line(last_error)}")
+
+
+class _Guard:
+    """The authorizer: allows reads only, and remembers why it denied something."""
+
+    def __init__(self):
+        self.denials = []   # (specific, reason): the most telling reason is reported
+        self.saw_query = False
+
+    @property
+    def denied(self):
+        """Why the statement was refused, or None. Writes to SQLite's own schema tables are
+        side effects of the real statement (CREATE, DROP, ANALYZE): report the statement."""
+        if not self.denials:
+            return None
+        specific = [reason for is_specific, reason in self.denials if is_specific]
+        return (specific or [reason for _, reason in self.denials])[0]
+
+    def __call__(self, action, arg1, arg2, db_name, trigger_or_view):
+        if action in (sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE):
+            self.saw_query = True
+            return sqlite3.SQLITE_OK
+        if action == sqlite3.SQLITE_FUNCTION:
+            if (arg2 or "").lower() in DENIED_FUNCTIONS:
+                return self._deny(f"function {arg2}() is not allowed")
+            return sqlite3.SQLITE_OK
+        if action == sqlite3.SQLITE_PRAGMA:
+            name = (arg1 or "").lower()
+            if arg2 is None and name in READ_PRAGMAS | READ_PRAGMAS_WITH_ARGUMENT:
+                self.saw_query = True
+                return sqlite3.SQLITE_OK
+            if arg2 is not None and name in READ_PRAGMAS_WITH_ARGUMENT:
+                self.saw_query = True
+                return sqlite3.SQLITE_OK
+            if arg2 is not None:
+                return self._deny(f"PRAGMA {name} = {arg2} would change a setting; only reading PRAGMAs are allowed")
+            return self._deny(f"PRAGMA {name} is not on the list of read-only PRAGMAs")
+        if (action == sqlite3.SQLITE_UPDATE and self.saw_query and (arg1 or "").lower() in _SCHEMA_TABLES
+                and db_name == "main"):
+            # SQLite asks this while it sets up a table-valued function (json_each, pragma_table_info)
+            # inside a SELECT; the connection is read-only and query_only either way.
+            return sqlite3.SQLITE_OK
+        target = (arg1 or "").lower()
+        on_internal_table = target in _SCHEMA_TABLES or target.startswith("sqlite_")
+        what = _ACTION_NAMES.get(action, f"action {action}")
+        if action in (sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE) and on_internal_table:
+            return self._deny("the statement changes the schema or data; queries are read-only "
+                              "(SELECT, WITH, read-only PRAGMA)", specific=False)
+        detail = f" {arg1}" if arg1 and action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH) else ""
+        if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH):
+            if not arg1:  # VACUUM attaches a scratch database
+                return self._deny("VACUUM/ATTACH is not allowed: queries are read-only")
+            return self._deny(f"{what.upper()}{detail} is not allowed; query one database at a time")
+        if action in (sqlite3.SQLITE_TRANSACTION, sqlite3.SQLITE_SAVEPOINT):
+            return self._deny("transactions are not allowed; send a single SELECT")
+        return self._deny(f"{what.upper()} is not allowed: queries are read-only (SELECT, WITH, read-only PRAGMA)")
+
+    def _deny(self, reason, specific=True):
+        self.denials.append((specific, reason))
+        return sqlite3.SQLITE_DENY
+
+
+def run_query(db_path, sql, limit=DEFAULT_LIMIT, timeout_s=DEFAULT_TIMEOUT_S, params=None) -> QueryResult:
+    """Run one read-only SQL statement; at most `limit` rows (truncated=True when more existed).
+
+    Raises QueryRejected (not a single read-only statement), QueryTimeout (ran past timeout_s),
+    QueryError (SQLite refused it: syntax, unknown table, …) and DatabaseUnavailable.
+    """
+    if not isinstance(sql, str) or not sql.strip():
+        raise QueryRejected("empty SQL; send one SELECT statement")
+    if "\x00" in sql:
+        raise QueryRejected("SQL contains a NUL character")
+    limit = int(limit if limit is not None else DEFAULT_LIMIT)
+    if limit < 0:
+        raise QueryRejected(f"limit must be >= 0, got {limit}")
+    timeout_s = float(timeout_s if timeout_s is not None else DEFAULT_TIMEOUT_S)
+    started = time.monotonic()
+    conn = open_readonly(db_path)
+    guard = _Guard()
+    deadline = started + max(0.0, timeout_s)
+    stopped_by_timer = []
+
+    def progress():
+        if time.monotonic() > deadline:
+            stopped_by_timer.append(True)
+            return 1
+        return 0
+
+    try:
+        conn.set_authorizer(guard)
+        conn.set_progress_handler(progress, _PROGRESS_EVERY_OPS)
+        try:
+            cursor = conn.execute(sql, params or ())
+            if cursor.description is None:
+                if guard.denied:
+                    raise QueryRejected(guard.denied)
+                raise QueryRejected("not a query: send one SELECT (or WITH … SELECT, or a read-only PRAGMA)")
+            if not guard.saw_query:
+                raise QueryRejected("not a query: send one SELECT (or WITH … SELECT, or a read-only PRAGMA)")
+            columns = [d[0] for d in cursor.description]
+            rows = cursor.fetchmany(limit + 1) if limit else cursor.fetchmany(1)
+        except sqlite3.ProgrammingError as exc:
+            if "one statement" in str(exc):
+                raise QueryRejected("more than one statement; send exactly one (remove everything after the first ';')") from None
+            raise QueryError(_one_line(exc)) from None
+        except sqlite3.Warning as exc:  # Python < 3.11 reports several statements as a Warning
+            raise QueryRejected(f"more than one statement ({_one_line(exc)}); send exactly one") from None
+        except sqlite3.DatabaseError as exc:
+            if stopped_by_timer or "interrupted" in str(exc):
+                raise QueryTimeout(f"query stopped after its time limit of {timeout_s:g} s; "
+                                   f"narrow it (WHERE ts > …, LIMIT) or raise --timeout") from None
+            if guard.denied:
+                raise QueryRejected(guard.denied) from None
+            text = _one_line(exc)
+            if "readonly" in text or "read-only" in text or "may not be modified" in text:
+                raise QueryRejected(f"the query tried to write ({text}); queries are read-only") from None
+            if "not a database" in text:
+                raise DatabaseUnavailable(f"{db_path} is not a SQLite database ({text})") from None
+            raise QueryError(text) from None
+        truncated = len(rows) > limit
+        rows = [list(r) for r in rows[:limit]]
+        return QueryResult(columns=columns, rows=rows, truncated=truncated,
+                           elapsed_ms=(time.monotonic() - started) * 1000.0)
+    finally:
+        conn.set_progress_handler(None, 0)
+        conn.close()
+
+
+def node_name(db_path, default=None):
+    """The node name stored in meta (key 'node'), else `default`, else this host's name."""
+    try:
+        conn = open_readonly(db_path)
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'node'").fetchone()
+        finally:
+            conn.close()
+        if row and row[0]:
+            return str(row[0])
+    except (StragglerError, sqlite3.Error):
+        pass
+    return default or socket.gethostname()
+
+
+# ---------------------------------------------------------------- CLI
+
+def add_arguments(parser):
+    parser.add_argument("sql", metavar="SQL", help="one read-only statement (SELECT, WITH … SELECT, read-only PRAGMA)")
+    parser.add_argument("--db", "-d", default=DEFAULT_DB, help=f"the node's database (default {DEFAULT_DB})")
+    fmt = parser.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help='print {"node","columns","rows","truncated","elapsed_ms"}')
+    fmt.add_argument("--csv", action="store_true", help="print CSV with a header line")
+    parser.add_argument("--limit", type=int, default=DEFAULT_LIMIT, help=f"at most N rows (default {DEFAULT_LIMIT})")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help=f"stop the query after S seconds (default {DEFAULT_TIMEOUT_S:g})")
+
+
+def run(args):
+    from .. import render
+    result = run_query(args.db, args.sql, limit=args.limit, timeout_s=args.timeout)
+    result.node = node_name(args.db)
+    if args.json:
+        sys.stdout.write(json.dumps(result.to_dict()) + "\n")
+    elif args.csv:
+        sys.stdout.write(render.to_csv(result.columns, jsonable_rows(result.rows)))
+    else:
+        render.print_table(result.columns, result.rows)
+        note = f"{len(result.rows)} row(s) from {result.node} in {result.elapsed_ms:.1f} ms"
+        if result.truncated:
+            note += f"; truncated at --limit {args.limit}"
+        print(note, file=sys.stderr)
+    return 0
