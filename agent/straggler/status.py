@@ -1,0 +1,169 @@
+"""What an agent is doing, read from its own store: `straggler status` and GET /api/v1/health.
+
+Everything comes from the store's tables (meta, processes, probes, agent_cost, lost_events)
+through a read-only connection, so it works on a live node, on a snapshot, and with the agent
+stopped. Rates are over the last few agent_cost intervals.
+
+This module must not write to the database and must not talk to the network.
+"""
+import json
+import os
+import sqlite3
+import sys
+import time
+
+from . import __version__
+from .errors import StragglerError
+from .store.query import DEFAULT_DB, open_readonly
+from .store.schema import SCHEMA_VERSION
+
+RECENT_INTERVALS = 6          # rates over the last N agent_cost intervals
+RECENT_LOST_WINDOW_NS = 60 * 10**9
+
+
+def _table_exists(conn, name):
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type IN ('table','view') AND name = ?",
+                        (name,)).fetchone() is not None
+
+
+def _db_size(db_path):
+    sizes = {}
+    for suffix in ("", "-wal", "-shm"):
+        try:
+            sizes[suffix or "db"] = os.path.getsize(db_path + suffix)
+        except OSError:
+            sizes[suffix or "db"] = 0
+    return sizes
+
+
+def collect_status(db_path) -> dict:
+    """A dict describing the node's agent, from its database. Raises StragglerError if unreadable."""
+    conn = open_readonly(db_path)
+    try:
+        try:
+            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        except sqlite3.DatabaseError:
+            raise StragglerError(f"{db_path} is not a straggler database (no table meta); point --db at the agent's store") from None
+        status = {
+            "node": meta.get("node") or meta.get("hostname"),
+            "db_path": os.path.abspath(db_path),
+            "schema_version": int(meta["schema_version"]) if str(meta.get("schema_version", "")).isdigit() else None,
+            "schema_version_supported": SCHEMA_VERSION,
+            "agent_version": meta.get("agent_version") or meta.get("version"),
+            "reader_version": __version__,
+        }
+        sizes = _db_size(db_path)
+        status["db_bytes"] = sizes["db"]
+        status["wal_bytes"] = sizes["-wal"]
+        status["db_size_bytes"] = sum(sizes.values())
+
+        ranks, processes = [], []
+        if _table_exists(conn, "processes"):
+            for pid, comm, rank, local_rank, world_size, exited in conn.execute(
+                    "SELECT pid, comm, rank, local_rank, world_size, exited FROM processes ORDER BY rank, pid"):
+                processes.append({"pid": pid, "comm": comm, "rank": rank, "local_rank": local_rank,
+                                  "world_size": world_size, "exited": bool(exited) if exited is not None else False})
+                if rank is not None and rank not in ranks:
+                    ranks.append(rank)
+        status["ranks"] = sorted(ranks)
+        status["processes"] = processes
+
+        probes = []
+        if _table_exists(conn, "probes"):
+            probes = [{"name": name, "library": library, "attached_at": attached_at}
+                      for name, library, attached_at in conn.execute(
+                          "SELECT name, library, attached_at FROM probes ORDER BY name, library")]
+        status["probes_attached"] = len(probes)
+        status["probes"] = probes
+
+        status.update(_rates(conn))
+        status.update(_lost(conn))
+    finally:
+        conn.close()
+    return status
+
+
+def _rates(conn):
+    out = {"events_per_s": None, "probe_hits_per_s": None, "agent_cpu_percent": None, "agent_rss_bytes": None,
+           "cost_intervals": 0, "last_interval_end_mono_ns": None, "last_interval_age_s": None}
+    if not _table_exists(conn, "agent_cost"):
+        return out
+    rows = conn.execute(
+        "SELECT ts, interval_ns, cpu_seconds, probe_hits, events_written, rss_bytes FROM agent_cost "
+        "ORDER BY ts DESC LIMIT ?", (RECENT_INTERVALS,)).fetchall()
+    if not rows:
+        return out
+    span_ns = sum(max(0, r[1]) for r in rows)
+    out["cost_intervals"] = len(rows)
+    if span_ns > 0:
+        span_s = span_ns / 1e9
+        out["events_per_s"] = round(sum(r[4] for r in rows) / span_s, 1)
+        out["probe_hits_per_s"] = round(sum(r[3] for r in rows) / span_s, 1)
+        out["agent_cpu_percent"] = round(100.0 * sum(r[2] for r in rows) / span_s, 2)
+    out["agent_rss_bytes"] = rows[0][5]
+    last_end = rows[0][0] + rows[0][1]
+    out["last_interval_end_mono_ns"] = last_end
+    # same boot, same clock: how long ago the agent last wrote its cost row (on the node itself)
+    age = (time.monotonic_ns() - last_end) / 1e9
+    out["last_interval_age_s"] = round(age, 1) if age >= -1 else None
+    return out
+
+
+def _lost(conn):
+    out = {"lost_events_total": 0, "lost_events_recent": 0, "lost_events_by_probe": {}}
+    if not _table_exists(conn, "lost_events"):
+        return out
+    total = conn.execute("SELECT COALESCE(SUM(count), 0), MAX(ts + interval_ns) FROM lost_events").fetchone()
+    out["lost_events_total"] = int(total[0] or 0)
+    if total[1] is not None:
+        recent = conn.execute("SELECT COALESCE(SUM(count), 0) FROM lost_events WHERE ts + interval_ns >= ?",
+                              (total[1] - RECENT_LOST_WINDOW_NS,)).fetchone()
+        out["lost_events_recent"] = int(recent[0] or 0)
+    out["lost_events_by_probe"] = {probe: int(n) for probe, n in conn.execute(
+        "SELECT probe, SUM(count) FROM lost_events GROUP BY probe ORDER BY probe")}
+    return out
+
+
+def _human_bytes(n):
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024.0
+
+
+def format_status(status):
+    def show(value, fmt="{}"):
+        return "-" if value is None else fmt.format(value)
+    lines = [
+        ("node", show(status["node"])),
+        ("ranks", ", ".join(str(r) for r in status["ranks"]) or "-"),
+        ("agent version", show(status["agent_version"])),
+        ("schema version", f"{show(status['schema_version'])} (this straggler reads {status['schema_version_supported']})"),
+        ("probes attached", str(status["probes_attached"])),
+        ("events/s", show(status["events_per_s"])),
+        ("probe hits/s", show(status["probe_hits_per_s"])),
+        ("agent CPU", show(status["agent_cpu_percent"], "{}%")),
+        ("agent RSS", _human_bytes(status["agent_rss_bytes"])),
+        ("lost events", f"{status['lost_events_total']} total, {status['lost_events_recent']} in the last minute"),
+        ("DB size", f"{_human_bytes(status['db_size_bytes'])} (WAL {_human_bytes(status['wal_bytes'])})"),
+    ]
+    return [list(row) for row in lines]
+
+
+def add_arguments(parser):
+    parser.add_argument("--db", "-d", default=DEFAULT_DB, help=f"the node's database (default {DEFAULT_DB})")
+    parser.add_argument("--json", action="store_true", help="print the status as JSON")
+
+
+def run(args):
+    status = collect_status(args.db)
+    if args.json:
+        sys.stdout.write(json.dumps(status, indent=2) + "\n")
+        return 0
+    from . import render
+    render.print_table(["", "value"], format_status(status), title=f"straggler status: {args.db}")
+    if status["probes"]:
+        render.print_table(["probe", "library"], [[p["name"], p["library"] or ""] for p in status["probes"]])
+    return 0
