@@ -1,0 +1,92 @@
+"""Shared pytest fixtures and markers for all of straggler's tests.
+
+Keep this file to what several test files share: the multi-host `testbed` fixture, the
+`root_required` guard and the `bpf` / `systemd` markers. A fixture that only one test file needs
+belongs in that file. This file must not start anything at import time.
+
+    def test_x(testbed):                      # 4 live hosts gpu-node-01..04 + gpu-node-dead
+        env = testbed.ansible_env()           # ANSIBLE_CONFIG=<state>/ansible.cfg
+        testbed.exec("gpu-node-01", ["hostname"]).stdout
+
+    @pytest.mark.bpf                          # skipped (with the reason) where eBPF cannot work
+    def test_probe(): ...
+
+    def test_y(root_required): ...            # skipped when not root
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import testbed as testbed_lib  # tests/testbed.py (pytest puts tests/ on sys.path)
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = TESTS_DIR.parent
+SESSION_TESTBED_ID = 7
+FALLBACK_TESTBED_IDS = range(200, 220)  # used when id 7 is held by another running session
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "bpf: needs root and a kernel with BPF tracing (skipped with the reason otherwise)")
+    config.addinivalue_line("markers", "systemd: needs the systemd-nspawn test host (debootstrap rootfs)")
+
+
+def _bpf_unavailable_reason() -> str | None:
+    """Why eBPF tests cannot run on this machine at all, or None. A missing BCC or missing kernel
+    headers is NOT a reason to skip: `make setup` provides both, so tests should fail loudly."""
+    if os.geteuid() != 0:
+        return "needs root (loading BPF programs)"
+    if not (Path("/sys/kernel/btf/vmlinux").exists() or Path("/sys/kernel/tracing/events/sched").exists()
+            or Path("/sys/kernel/debug/tracing/events/sched").exists()):
+        return "this kernel has no BPF tracing support (no BTF, no tracepoints)"
+    return None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("bpf") is not None:
+        reason = _bpf_unavailable_reason()
+        if reason:
+            pytest.skip(f"eBPF: {reason}")
+
+
+@pytest.fixture
+def root_required() -> None:
+    """Skip the test unless running as root."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (namespaces, eBPF, packages)")
+
+
+def _claim_testbed_id() -> testbed_lib.TestbedLock:
+    """The id from $STRAGGLER_TESTBED_ID, exactly; else 7, or a free fallback id when another
+    running session holds 7. The returned lock is held until the session ends."""
+    explicit = os.environ.get(testbed_lib.ENV_ID)
+    candidates = [testbed_lib.resolve_id()] if explicit else [SESSION_TESTBED_ID, *FALLBACK_TESTBED_IDS]
+    for candidate in candidates:
+        lock = testbed_lib.TestbedLock(candidate)
+        if lock.try_acquire():
+            return lock
+    held = testbed_lib.TestbedLock(candidates[0])
+    pytest.fail(f"test bed id {candidates[0]} is held by another session (pid {held.holder()}): "
+                f"set {testbed_lib.ENV_ID} to a free id", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def testbed():
+    """Four live SSH hosts gpu-node-01..04 and one dead host gpu-node-dead, for the whole session.
+
+    Yields a tests/testbed.py `Testbed`: .inventory, .ansible_cfg, .hosts (name -> address of the live
+    hosts), .dead (name -> address), .exec(name, argv), .popen(name, argv), .ansible_env(),
+    .ssh_argv(name, *cmd), .host_dir(name), .state_dir, .id, .controller_address."""
+    if os.geteuid() != 0:
+        pytest.skip("the test bed needs root (network namespaces, bind mounts)")
+    lock = _claim_testbed_id()
+    try:
+        bed = testbed_lib.up(hosts=4, dead=1, testbed_id=lock.testbed_id, _lock_held=True)
+        try:
+            yield bed
+        finally:
+            testbed_lib.down(bed.id, bed.state_dir, _lock_held=True)
+    finally:
+        lock.release()
