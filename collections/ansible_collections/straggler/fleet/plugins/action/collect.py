@@ -1,0 +1,119 @@
+# -*- coding: utf-8 -*-
+# Copyright: the straggler project
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Action plugin straggler.fleet.collect: runs the collect module (a consistent snapshot of the
+host's database in a temporary directory), fetches the snapshot over the task's connection to
+`<dest>/<inventory_hostname>.db` on the controller, checks its SHA-256, and removes the temporary
+directory on the host. Modelled on ansible.builtin.fetch. It must not read or change the
+database's content: the snapshot is the agent's job, merging the core's."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+
+from ansible.errors import AnsibleActionFail
+from ansible.module_utils.common.text.converters import to_text
+from ansible.plugins.action import ActionBase
+
+MODULE_NAME = 'straggler.fleet.collect'
+
+ARGUMENT_SPEC = dict(
+    dest=dict(type='path', required=True),
+    db=dict(type='path', default='/var/lib/straggler/straggler.db'),
+    straggler_bin=dict(type='path'),
+    snapshot_dir=dict(type='path', default='/var/tmp'),
+    owner=dict(type='str'),
+)
+
+
+def sha256_of(path):
+    """SHA-256 of a local file, or None when there is no such file."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, 'rb') as handle:
+            for block in iter(lambda: handle.read(1 << 20), b''):
+                digest.update(block)
+    except FileNotFoundError:
+        return None
+    return digest.hexdigest()
+
+
+def local_dest(dest_dir, inventory_hostname):
+    """The controller path a host's snapshot goes to: <dest_dir>/<inventory_hostname>.db."""
+    name = to_text(inventory_hostname)
+    if not name or '/' in name or name in ('.', '..'):
+        raise AnsibleActionFail('inventory hostname %r cannot be a file name' % name)
+    return os.path.join(os.path.abspath(os.path.expanduser(dest_dir)), name + '.db')
+
+
+def install_fetched(fetched_path, final_path, expected_sha256):
+    """Check the fetched file against the host's checksum, then move it into place unless the
+    destination already holds the same content. Returns True when final_path was written."""
+    actual = sha256_of(fetched_path)
+    if actual != expected_sha256:
+        os.unlink(fetched_path)
+        raise AnsibleActionFail('the fetched snapshot is corrupt (sha256 %s, the host computed %s): run the task again'
+                                % (actual, expected_sha256))
+    if sha256_of(final_path) == expected_sha256:
+        os.unlink(fetched_path)
+        return False
+    os.chmod(fetched_path, 0o644)
+    os.replace(fetched_path, final_path)
+    return True
+
+
+class ActionModule(ActionBase):
+
+    TRANSFERS_FILES = True
+    _supports_check_mode = True
+
+    def run(self, tmp=None, task_vars=None):
+        task_vars = task_vars or {}
+        result = super(ActionModule, self).run(tmp, task_vars)
+        dummy, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        final_path = local_dest(args['dest'], task_vars.get('inventory_hostname'))
+
+        module_args = dict(args)
+        if not module_args.get('owner') and self._connection.become:
+            remote_user = self._get_remote_user()
+            become_user = self.get_become_option('become_user')
+            if remote_user and remote_user != become_user:
+                module_args['owner'] = remote_user
+
+        remote_dir = None
+        try:
+            answer = self._execute_module(module_name=MODULE_NAME, module_args=module_args, task_vars=task_vars)
+            if answer.get('failed') or answer.get('unreachable'):
+                result.update(answer)
+                return result
+            if self._task.check_mode:
+                result.update(answer)
+                result.update(changed=True, dest=final_path,
+                              msg='would snapshot %s and fetch it to %s' % (answer.get('db'), final_path))
+                return result
+            remote_dir = answer.get('remote_dir')
+            remote_path = answer['remote_path']
+            try:
+                os.makedirs(os.path.dirname(final_path), exist_ok=True)
+                fd, fetched_path = tempfile.mkstemp(prefix='.%s.' % os.path.basename(final_path),
+                                                    dir=os.path.dirname(final_path))
+                os.close(fd)
+            except OSError as exc:
+                raise AnsibleActionFail('cannot write into %s: %s; check dest' % (os.path.dirname(final_path), exc)) from None
+            try:
+                self._connection.fetch_file(remote_path, fetched_path)
+                changed = install_fetched(fetched_path, final_path, answer['checksum'])
+            finally:
+                if os.path.exists(fetched_path):
+                    os.unlink(fetched_path)
+            result.update(changed=changed, dest=final_path, remote_path=remote_path, checksum=answer['checksum'],
+                          size=answer.get('size'), db=answer.get('db'),
+                          msg='%s %s (%d bytes)' % ('fetched' if changed else 'unchanged', final_path, answer.get('size') or 0))
+            return result
+        finally:
+            if remote_dir:
+                command = self._connection._shell.remove(remote_dir, recurse=True)
+                self._low_level_execute_command(command, sudoable=True)
+            self._remove_tmp_path(self._connection._shell.tmpdir)

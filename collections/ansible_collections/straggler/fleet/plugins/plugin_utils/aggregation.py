@@ -1,0 +1,101 @@
+# -*- coding: utf-8 -*-
+# Copyright: the straggler project
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Fan-in of per-host results into one table, for the aggregate action plugin (and the summary
+callback): what status each host's registered result says, and the combined rows with a `node`
+column. Pure functions of their arguments; no I/O, no Ansible objects beyond plain data.
+
+It must not run queries or judge SQL: it only reads what straggler.fleet.query returned.
+"""
+
+from __future__ import annotations
+
+ANSWERED = ('ok', 'empty')
+NODE_COLUMN = 'node'
+
+
+def _one_line(text, limit=300):
+    lines = [line.strip() for line in str(text or '').splitlines() if line.strip()]
+    line = lines[0] if lines else ''
+    return line if len(line) <= limit else line[:limit - 3] + '...'
+
+
+def host_status(host, registered, active_hosts=None):
+    """A status dict for one host from its registered query result (None when it has none).
+
+    status is one of ok (rows), empty (answered, no rows), failed, unreachable, skipped,
+    missing (nothing registered) or invalid (registered from something that is not a query)."""
+    entry = dict(host=host, node=host, status='missing', message='', row_count=0, truncated=False, elapsed_ms=None)
+    if registered is None:
+        if active_hosts is not None and host not in active_hosts:
+            entry['message'] = 'no result: the host left the play before the query ran (it failed or was unreachable earlier)'
+        else:
+            entry['message'] = 'no result registered for this host: did the query task run on it?'
+        return entry
+    if not hasattr(registered, 'get'):
+        entry.update(status='invalid', message='the registered value is not a task result')
+        return entry
+    if registered.get('node'):
+        entry['node'] = str(registered.get('node'))
+    if registered.get('unreachable'):
+        entry.update(status='unreachable', message=_one_line(registered.get('msg')) or 'host unreachable')
+    elif registered.get('failed'):
+        entry.update(status='failed', message=_one_line(registered.get('msg')) or 'the task failed')
+    elif registered.get('skipped'):
+        entry.update(status='skipped', message=_one_line(registered.get('skip_reason') or registered.get('msg')) or 'skipped')
+    elif 'columns' not in registered or 'rows' not in registered:
+        entry.update(status='invalid',
+                     message='the registered result has no columns/rows: register the result of straggler.fleet.query')
+    else:
+        rows = registered.get('rows') or []
+        entry.update(status='ok' if rows else 'empty', row_count=len(rows),
+                     truncated=bool(registered.get('truncated', False)), elapsed_ms=registered.get('elapsed_ms'))
+    return entry
+
+
+def aggregate(hosts, registered_by_host, active_hosts=None):
+    """One table from every host's registered query result.
+
+    hosts: inventory hostnames in the order rows should appear.
+    registered_by_host: host -> registered result (missing key or None: nothing registered).
+    active_hosts: the hosts still in the play (to explain a missing result), or None.
+
+    Returns dict(columns, rows, hosts, missing, row_count): `columns` gets a leading `node`
+    column unless the query already selected one; hosts whose columns differ contribute by
+    column name (None where a host lacks a column)."""
+    statuses = []
+    columns = []
+    per_host = []
+    for host in hosts:
+        registered = registered_by_host.get(host)
+        status = host_status(host, registered, active_hosts)
+        statuses.append(status)
+        if status['status'] not in ANSWERED:
+            continue
+        host_columns = [str(column) for column in (registered.get('columns') or [])]
+        for column in host_columns:
+            if column not in columns:
+                columns.append(column)
+        per_host.append((status['node'], host_columns, registered.get('rows') or []))
+
+    add_node = NODE_COLUMN not in columns
+    out_columns = ([NODE_COLUMN] if add_node else []) + columns
+    rows = []
+    for node, host_columns, host_rows in per_host:
+        position = dict((column, index) for index, column in enumerate(host_columns))
+        for row in host_rows:
+            row = list(row)
+            values = [row[position[column]] if column in position and position[column] < len(row) else None
+                      for column in columns]
+            rows.append(([node] if add_node else []) + values)
+    missing = [status['host'] for status in statuses if status['status'] not in ANSWERED]
+    return dict(columns=out_columns, rows=rows, hosts=statuses, missing=missing, row_count=len(rows))
+
+
+HOST_STATUS_COLUMNS = ['host', 'node', 'status', 'rows', 'message']
+
+
+def host_status_rows(statuses):
+    """The per-host status as table rows (columns HOST_STATUS_COLUMNS)."""
+    return [[status.get('host'), status.get('node'), status.get('status'), status.get('row_count'), status.get('message')]
+            for status in statuses]

@@ -1,0 +1,148 @@
+# -*- coding: utf-8 -*-
+# Copyright: the straggler project
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Controller-side helpers shared by the collection's action plugins: importing the straggler
+core, reading other hosts' variables, writing result files. It must not hold any straggler logic
+(how SQL is judged, how an offset is estimated, how databases merge): that lives in the core
+package, and the action plugins only translate arguments and results.
+
+It runs only on the controller and never travels to managed hosts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import tempfile
+
+from ansible.errors import AnsibleActionFail
+from ansible.module_utils.common.text.converters import to_bytes, to_text
+
+SUPPORTED_FORMATS = ('json', 'csv', 'markdown')
+DEFAULT_AGENT_PORT = 7433
+
+
+def import_core(module_name):
+    """Import `straggler.<module_name>` from the controller's Python, or fail the task with the fix."""
+    full_name = 'straggler.' + module_name
+    try:
+        return importlib.import_module(full_name)
+    except ImportError as exc:
+        raise AnsibleActionFail(
+            'cannot import %s on the controller (%s): install the straggler package into the Python that runs '
+            'ansible (pip install -e <repository>, or make setup)' % (full_name, exc)) from None
+
+
+def core_error_types():
+    """The core's expected-failure exception (StragglerError) plus ValueError/OSError, for except clauses."""
+    try:
+        errors = importlib.import_module('straggler.errors')
+        return (errors.StragglerError, ValueError, OSError)
+    except ImportError:
+        return (ValueError, OSError)
+
+
+def plain(value):
+    """A deep copy of `value` made of plain dict/list/str/int/float/bool/None, so results that came
+    through Ansible's variable system (lazy containers, tagged values) serialise everywhere."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, bytes):
+        return to_text(value, errors='surrogate_or_replace')
+    if isinstance(value, dict) or hasattr(value, 'items'):
+        return dict((to_text(key), plain(item)) for key, item in value.items())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [plain(item) for item in value]
+    return to_text(value)
+
+
+def play_hosts(task_vars, requested=None):
+    """The inventory hostnames a fan-in task covers: `requested` if given, else every host of the
+    play (ansible_play_hosts_all: including the ones that failed or were unreachable)."""
+    if requested:
+        return [to_text(host) for host in requested]
+    return [to_text(host) for host in (task_vars.get('ansible_play_hosts_all') or [])]
+
+
+def hostvars_of(task_vars, host):
+    """The variables of another host (an empty dict when the inventory does not know it)."""
+    hostvars = task_vars.get('hostvars') or {}
+    try:
+        found = hostvars[host]
+    except (KeyError, TypeError):
+        return {}
+    return found if found is not None else {}
+
+
+def hostvar(task_vars, host, name, default=None):
+    """One variable of another host, templated, or `default` when it is not defined."""
+    variables = hostvars_of(task_vars, host)
+    try:
+        value = variables.get(name, default)
+    except Exception:  # an undefined or broken template in someone else's variable: treat as missing
+        return default
+    return default if value is None else value
+
+
+def default_nodes(task_vars, hosts, port):
+    """`address:port` of the agent on each host (address = ansible_host, else the inventory
+    hostname), and the inventory hostname each address belongs to."""
+    nodes = []
+    host_of_address = {}
+    for host in hosts:
+        address = to_text(hostvar(task_vars, host, 'ansible_host', host))
+        if ':' in address and not address.startswith('['):
+            address = '[%s]' % address  # a bare IPv6 address
+        node = '%s:%d' % (address, port)
+        nodes.append(node)
+        host_of_address[node] = host
+    return nodes, host_of_address
+
+
+def guess_format(dest, requested):
+    """The output format: `requested`, else from the file name (.csv, .md), else json."""
+    if requested:
+        return requested
+    lowered = (dest or '').lower()
+    if lowered.endswith('.csv'):
+        return 'csv'
+    if lowered.endswith(('.md', '.markdown')):
+        return 'markdown'
+    return 'json'
+
+
+def write_if_changed(path, text, check_mode=False):
+    """Write `text` to `path` atomically (creating parent directories) unless it already holds
+    exactly that. Returns True when the file was (or, in check mode, would be) written."""
+    path = os.path.abspath(os.path.expanduser(path))
+    data = to_bytes(text)
+    try:
+        with open(path, 'rb') as existing:
+            if existing.read() == data:
+                return False
+    except OSError:
+        pass
+    if check_mode:
+        return True
+    directory = os.path.dirname(path)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, temp_path = tempfile.mkstemp(prefix='.%s.' % os.path.basename(path), dir=directory)
+        try:
+            with os.fdopen(fd, 'wb') as handle:
+                handle.write(data)
+            os.chmod(temp_path, 0o644)
+            os.replace(temp_path, path)
+        except BaseException:
+            if os.path.exists(temp_path):
+                os.unlink(temp_path)
+            raise
+    except OSError as exc:
+        raise AnsibleActionFail('cannot write %s: %s; check that its directory is writable' % (path, exc)) from None
+    return True
