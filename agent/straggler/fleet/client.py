@@ -1,0 +1,581 @@
+"""The fleet client: one SQL on every node's agent at once (HTTPS, mutual TLS), one table back
+with the node's own name on every row, a status for every node, and each node's clock offset.
+
+- Concurrent and bounded: at most `concurrency` queries in flight, each node under `timeout_s`,
+  the whole call under `deadline_s` (honoured even for a peer that accepts and never answers:
+  the caller never waits on a stuck worker; workers are daemon threads with socket timeouts).
+- Statuses: ok | empty | sql-error | tls-error | refused | timeout | unreachable, each with a
+  one-line message and the latency. Nodes that did not answer stay in the result.
+- Clock offsets, NTP-style (straggler.clock.estimate_offset): while the query runs, a separate
+  connection per node exchanges `clock_samples` GET /api/v1/clock requests; the sample with the
+  smallest round trip gives offset (node realtime minus this machine's) and ± half that round
+  trip. They run beside the queries, on their own workers, so they add nothing to a query's
+  latency. Offsets above `offset_threshold_ms` are flagged.
+- Exit codes: 0 every node answered (ok or empty), 3 some did not, 4 none did.
+
+This module talks to agents and combines answers; it must not judge SQL (the agents do, with
+store/query.py) and must not render anything (fleet/cli.py does).
+"""
+import errno
+import http.client
+import ipaddress
+import json
+import os
+import queue
+import re
+import socket
+import ssl
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from ..clock import estimate_offset
+from ..errors import StragglerError
+from ..tls import TLSOptions, client_context
+
+DEFAULT_PORT = 7433
+STATUSES = ("ok", "empty", "sql-error", "tls-error", "refused", "timeout", "unreachable")
+ANSWERED = ("ok", "empty")
+EXIT_ALL_ANSWERED = 0
+EXIT_PARTIAL = 3
+EXIT_NONE_ANSWERED = 4
+DEFAULT_OFFSET_THRESHOLD_MS = 5.0
+_MAX_RESPONSE_BYTES = 512 << 20
+
+
+@dataclass
+class NodeStatus:
+    address: str                        # host:port as given
+    node: Optional[str] = None          # the node's own name (from its answer), None if it never answered
+    status: str = "timeout"
+    message: str = ""
+    latency_ms: Optional[float] = None  # the query request, connect to last byte
+    row_count: int = 0
+    offset_ns: Optional[int] = None     # node realtime minus this machine's realtime
+    uncertainty_ns: Optional[int] = None
+    offset_flagged: bool = False        # |offset| above the threshold
+    truncated: bool = False             # the node had more rows than the limit
+
+    @property
+    def answered(self):
+        return self.status in ANSWERED
+
+    def to_dict(self):
+        return asdict(self)
+
+
+@dataclass
+class FleetResult:
+    columns: List[str]
+    rows: List[list]
+    nodes: List[NodeStatus]
+    offsets: Dict[str, Tuple[int, int]] = field(default_factory=dict)   # node -> (offset_ns, uncertainty_ns)
+    offset_threshold_ns: int = int(DEFAULT_OFFSET_THRESHOLD_MS * 1e6)
+    elapsed_ms: float = 0.0
+    sql: str = ""
+
+    @property
+    def answered(self):
+        return [n for n in self.nodes if n.answered]
+
+    @property
+    def failed(self):
+        return [n for n in self.nodes if not n.answered]
+
+    @property
+    def exit_code(self):
+        if not self.nodes or not self.answered:
+            return EXIT_NONE_ANSWERED
+        return EXIT_ALL_ANSWERED if not self.failed else EXIT_PARTIAL
+
+    @property
+    def flagged_offsets(self):
+        return {n.node: (n.offset_ns, n.uncertainty_ns) for n in self.nodes if n.offset_flagged}
+
+    def to_dict(self):
+        return {
+            "sql": self.sql,
+            "columns": list(self.columns),
+            "rows": self.rows,
+            "nodes": [n.to_dict() for n in self.nodes],
+            "offsets": {node: {"offset_ns": off, "uncertainty_ns": unc,
+                               "flagged": abs(off) > self.offset_threshold_ns}
+                        for node, (off, unc) in self.offsets.items()},
+            "offset_threshold_ns": self.offset_threshold_ns,
+            "exit_code": self.exit_code,
+            "elapsed_ms": round(self.elapsed_ms, 3),
+        }
+
+
+# ---------------------------------------------------------------- nodes
+
+_RANGE_RE = re.compile(r"\[(\d+):(\d+)\]")
+
+
+def _expand_range(name):
+    """Ansible's host ranges: gpu-node-[01:04] -> gpu-node-01 … gpu-node-04 (numeric only)."""
+    match = _RANGE_RE.search(name)
+    if not match:
+        return [name]
+    start, end = match.group(1), match.group(2)
+    width = len(start) if start.startswith("0") else 0
+    out = []
+    for number in range(int(start), int(end) + 1):
+        out.extend(_expand_range(name[:match.start()] + str(number).zfill(width) + name[match.end():]))
+    return out
+
+
+def normalize_address(text, default_port=DEFAULT_PORT):
+    """'h', 'h:p', '[v6]:p', 'v6' -> 'h:p' / '[v6]:p'."""
+    text = str(text).strip()
+    if not text:
+        raise StragglerError("empty node address; use host:port")
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port = rest.lstrip(":") or str(default_port)
+        if not port.isdigit():
+            raise StragglerError(f"node {text!r}: port must be a number")
+        return f"[{host}]:{int(port)}"
+    if text.count(":") > 1:
+        try:
+            ipaddress.IPv6Address(text)
+            return f"[{text}]:{default_port}"
+        except ValueError:
+            raise StragglerError(f"node {text!r}: write IPv6 addresses as [addr]:port") from None
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        return f"{text}:{default_port}"
+    if not port.isdigit() or not host:
+        raise StragglerError(f"node {text!r}: use host:port with a numeric port")
+    return f"{host}:{int(port)}"
+
+
+def split_address(address):
+    """'h:p' / '[v6]:p' -> (host, port)."""
+    if address.startswith("["):
+        host, _, rest = address[1:].partition("]")
+        return host, int(rest.lstrip(":"))
+    host, _, port = address.rpartition(":")
+    return host, int(port)
+
+
+def _host_port_from_vars(name, host_vars, default_port):
+    host_vars = host_vars or {}
+    host = host_vars.get("ansible_host") or name
+    port = host_vars.get("straggler_agent_port") or host_vars.get("straggler_api_port") or default_port
+    return normalize_address(f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}", default_port)
+
+
+def _parse_ini_inventory(text, default_port):
+    nodes, section_kind = [], "hosts"
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].split(";", 1)[0].strip() if not raw.lstrip().startswith(("#", ";")) else ""
+        if not line:
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            header = line[1:-1]
+            section_kind = header.split(":", 1)[1] if ":" in header else "hosts"
+            continue
+        if section_kind != "hosts":   # [group:vars], [group:children]
+            continue
+        tokens = line.split()
+        host_vars = {}
+        for token in tokens[1:]:
+            key, sep, value = token.partition("=")
+            if sep:
+                host_vars[key] = value.strip("'\"")
+        for name in _expand_range(tokens[0]):
+            nodes.append(_host_port_from_vars(name, host_vars, default_port))
+    return nodes
+
+
+def _walk_yaml_group(group, default_port, out):
+    if not isinstance(group, dict):
+        return
+    for name, host_vars in (group.get("hosts") or {}).items():
+        for expanded in _expand_range(str(name)):
+            out.append(_host_port_from_vars(expanded, host_vars if isinstance(host_vars, dict) else {}, default_port))
+    for child in (group.get("children") or {}).values():
+        _walk_yaml_group(child, default_port, out)
+
+
+def _parse_yaml_inventory(text, default_port, path):
+    try:
+        import yaml
+    except ImportError:
+        raise StragglerError(f"{path} looks like a YAML inventory but PyYAML is not installed; "
+                             f"install it or list the nodes as host:port, one a line") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise StragglerError(f"{path}: not valid YAML ({' '.join(str(exc).split())[:160]})") from None
+    out = []
+    if isinstance(data, dict):
+        for group in data.values():
+            _walk_yaml_group(group, default_port, out)
+    return out
+
+
+def parse_nodes(spec_or_file, default_port=DEFAULT_PORT):
+    """Node addresses ('host:port', in order, without duplicates) from:
+    'h:p,h2:p' | a list of those | a file: one address a line, or an Ansible inventory (INI or
+    YAML; ansible_host when present, port from straggler_agent_port, else default_port)."""
+    if spec_or_file is None:
+        raise StragglerError("no nodes given; pass --nodes host:port,… or an inventory file")
+    if isinstance(spec_or_file, (list, tuple)):
+        items = []
+        for item in spec_or_file:
+            items.extend(parse_nodes(item, default_port) if isinstance(item, str) and ("," in item or os.path.isfile(item))
+                         else [normalize_address(f"{item[0]}:{item[1]}" if isinstance(item, (list, tuple)) else item,
+                                                 default_port)])
+        nodes = items
+    elif os.path.isfile(str(spec_or_file)):
+        path = str(spec_or_file)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise StragglerError(f"cannot read node list {path}: {exc.strerror}") from None
+        stripped = [l.strip() for l in text.splitlines() if l.strip() and not l.strip().startswith(("#", ";"))]
+        if path.endswith((".yml", ".yaml")) or (stripped and stripped[0] in ("---", "all:") or
+                                                any(l.endswith(":") and not l.startswith("[") for l in stripped[:3])):
+            nodes = _parse_yaml_inventory(text, default_port, path)
+        elif any(l.startswith("[") and l.endswith("]") and not re.match(r"^\[[0-9a-fA-F:]+\](:\d+)?$", l)
+                 for l in stripped) or any("ansible_host=" in l for l in stripped):
+            nodes = _parse_ini_inventory(text, default_port)
+        else:
+            nodes = []
+            for line in stripped:
+                nodes.extend(normalize_address(part, default_port) for part in re.split(r"[,\s]+", line) if part)
+        if not nodes:
+            raise StragglerError(f"no nodes found in {path}; list host:port one a line, or give an Ansible inventory")
+    else:
+        nodes = [normalize_address(part, default_port) for part in re.split(r"[,\s]+", str(spec_or_file)) if part]
+    seen, unique = set(), []
+    for address in nodes:
+        if address not in seen:
+            seen.add(address)
+            unique.append(address)
+    if not unique:
+        raise StragglerError("no nodes given; pass --nodes host:port,… or an inventory file")
+    return unique
+
+
+# ---------------------------------------------------------------- one node
+
+class _NodeFailure(Exception):
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _one_line(exc):
+    return " ".join(str(exc).split()) or exc.__class__.__name__
+
+
+class _Connection(http.client.HTTPConnection):
+    """HTTP(S) to one agent, with the phase of every failure classified."""
+
+    def __init__(self, address, tls: TLSOptions, context, timeout_s):
+        host, port = split_address(address)
+        super().__init__(host, port, timeout=timeout_s)
+        self.address = address
+        self.tls = tls
+        self.context = context
+
+    def connect(self):
+        try:
+            self.sock = socket.create_connection((self.host, self.port), self.timeout)
+        except ConnectionRefusedError:
+            raise _NodeFailure("refused", f"connection refused at {self.address}: no agent listening; "
+                                          f"start it (straggler serve / the agent role) or check the port") from None
+        except socket.gaierror as exc:
+            raise _NodeFailure("unreachable", f"cannot resolve {self.host}: {exc.strerror}; use an IP address "
+                                              f"or fix the name") from None
+        except (socket.timeout, TimeoutError):
+            raise _NodeFailure("unreachable", f"no answer to a TCP connect to {self.address} within "
+                                              f"{self.timeout:g} s: host down, or a firewall drops the port") from None
+        except OSError as exc:
+            if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN):
+                raise _NodeFailure("unreachable", f"{self.address} is unreachable ({exc.strerror})") from None
+            raise _NodeFailure("unreachable", f"cannot connect to {self.address}: {_one_line(exc)}") from None
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.context is None:
+            return
+        try:
+            self.sock = self.context.wrap_socket(self.sock, server_hostname=self.tls.server_name or self.host)
+        except ssl.SSLCertVerificationError as exc:
+            raise _NodeFailure("tls-error", f"{self.address}: the agent's certificate is not trusted "
+                                            f"({exc.verify_message or _one_line(exc)}); is it signed by --ca, "
+                                            f"with {self.tls.server_name or self.host} in its SAN?") from None
+        except ssl.SSLError as exc:
+            raise _NodeFailure("tls-error", _tls_message(self.address, exc)) from None
+        except (socket.timeout, TimeoutError):
+            raise _NodeFailure("timeout", f"{self.address} accepted the connection but did not complete the TLS "
+                                          f"handshake within {self.timeout:g} s") from None
+        except (ConnectionResetError, BrokenPipeError, ConnectionAbortedError) as exc:
+            raise _NodeFailure("tls-error", f"{self.address} closed the connection during the TLS handshake "
+                                            f"({_one_line(exc)})") from None
+        except OSError as exc:
+            raise _NodeFailure("tls-error", f"TLS handshake with {self.address} failed: {_one_line(exc)}") from None
+
+
+def _tls_message(address, exc):
+    text = _one_line(exc)
+    lower = text.lower()
+    if "wrong version number" in lower or "record layer failure" in lower or "packet length too long" in lower \
+            or "http request" in lower:
+        return (f"{address} does not speak TLS ({text}): it is probably serving plain HTTP (--no-tls); "
+                f"pass --no-tls to the client too, or restart it with certificates")
+    if "certificate required" in lower or "unknown ca" in lower or "bad certificate" in lower \
+            or "certificate unknown" in lower or "decrypt error" in lower:
+        return (f"{address} refused this client's certificate ({text}); use a --cert/--key signed by the "
+                f"fleet CA the agents trust")
+    if "protocol version" in lower or "unsupported protocol" in lower:
+        return f"{address} and this client share no TLS version ({text}); the agents speak TLS 1.3 only"
+    return f"TLS with {address} failed: {text}"
+
+
+def _request(conn, method, path, body=None, plain=False):
+    """Send one request and read the whole answer -> (status_code, body bytes)."""
+    headers = {"Host": conn.address, "Accept": "application/json"}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    try:
+        conn.request(method, path, body=body, headers=headers)
+        response = conn.getresponse()
+        data = response.read(_MAX_RESPONSE_BYTES + 1)
+    except _NodeFailure:
+        raise
+    except (socket.timeout, TimeoutError):
+        raise _NodeFailure("timeout", f"{conn.address} accepted the request but sent no answer within "
+                                      f"{conn.timeout:g} s") from None
+    except ssl.SSLError as exc:
+        raise _NodeFailure("tls-error", _tls_message(conn.address, exc)) from None
+    except (http.client.RemoteDisconnected, http.client.BadStatusLine, ConnectionResetError,
+            BrokenPipeError, http.client.IncompleteRead) as exc:
+        if plain:
+            raise _NodeFailure("tls-error", f"{conn.address} closed the connection on a plain-HTTP request "
+                                            f"({_one_line(exc)}): it probably requires TLS; drop --no-tls and "
+                                            f"pass --ca/--cert/--key") from None
+        raise _NodeFailure("tls-error", f"{conn.address} closed the connection without an answer "
+                                        f"({_one_line(exc)}): did it refuse this client's certificate?") from None
+    except OSError as exc:
+        raise _NodeFailure("unreachable", f"{conn.address}: {_one_line(exc)}") from None
+    if len(data) > _MAX_RESPONSE_BYTES:
+        raise _NodeFailure("sql-error", f"{conn.address} answered with more than {_MAX_RESPONSE_BYTES} bytes; "
+                                        f"lower --limit")
+    return response.status, data
+
+
+def _decode(conn, data):
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise _NodeFailure("sql-error", f"{conn.address} answered with something that is not JSON "
+                                        f"({data[:60]!r}); is it a straggler agent?") from None
+
+
+def _query_node(address, sql, tls, context, limit, timeout_s):
+    started = time.monotonic()
+    status = NodeStatus(address=address)
+    conn = _Connection(address, tls, context, timeout_s)
+    try:
+        # the agent stops the query a little before we would give up, so the answer says why
+        server_timeout = max(0.1, timeout_s * 0.9 - 0.05)
+        body = json.dumps({"sql": sql, "limit": limit, "timeout_s": round(server_timeout, 3)}).encode()
+        code, data = _request(conn, "POST", "/api/v1/query", body=body, plain=context is None)
+        answer = _decode(conn, data)
+        status.node = answer.get("node") if isinstance(answer, dict) else None
+        if code == 200 and isinstance(answer, dict) and "columns" in answer:
+            status.columns = list(answer.get("columns") or [])
+            status.rows = answer.get("rows") or []
+            status.row_count = len(status.rows)
+            status.truncated = bool(answer.get("truncated"))
+            status.status = "ok" if status.rows else "empty"
+            status.message = (f"{status.row_count} row{'' if status.row_count == 1 else 's'}"
+                              + (" (truncated at the limit)" if status.truncated else "")
+                              if status.rows else "no rows")
+        else:
+            message = answer.get("error") if isinstance(answer, dict) else None
+            kind = answer.get("kind") if isinstance(answer, dict) else None
+            status.status = "tls-error" if kind in ("tls-required", "plain-http") else "sql-error"
+            status.message = message or f"HTTP {code} from {address}"
+    except _NodeFailure as failure:
+        status.status, status.message = failure.status, failure.message
+    except Exception as exc:  # never let one node break the call
+        status.status, status.message = "unreachable", f"{address}: {_one_line(exc)}"
+    finally:
+        conn.close()
+    status.latency_ms = round((time.monotonic() - started) * 1000.0, 3)
+    return status
+
+
+def _clock_node(address, tls, context, samples, timeout_s):
+    """(node, [(t_send, node_real, t_recv), ...]) from `samples` clock requests on one connection."""
+    conn = _Connection(address, tls, context, timeout_s)
+    taken, node = [], None
+    try:
+        conn.connect()
+        for _ in range(samples):
+            t_send = time.time_ns()
+            code, data = _request(conn, "GET", "/api/v1/clock?pairs=0", plain=context is None)
+            t_recv = time.time_ns()
+            if code != 200:
+                break
+            answer = _decode(conn, data)
+            node = answer.get("node") or node
+            taken.append((t_send, int(answer["realtime_ns"]), t_recv))
+    except (_NodeFailure, KeyError, TypeError, ValueError, OSError, http.client.HTTPException):
+        pass
+    finally:
+        conn.close()
+    return node, taken
+
+
+# ---------------------------------------------------------------- fan-out
+
+def _run_pool(tasks, workers, results, name):
+    """Run callables from `tasks` (a list of (key, fn)) on `workers` daemon threads; results go to the queue."""
+    work = queue.Queue()
+    for task in tasks:
+        work.put(task)
+
+    def worker():
+        while True:
+            try:
+                key, fn = work.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                value = fn()
+            except BaseException as exc:  # reported, never raised in a worker
+                value = exc
+            results.put((key, value))
+
+    for index in range(max(1, min(workers, len(tasks)))):
+        threading.Thread(target=worker, name=f"straggler-{name}-{index}", daemon=True).start()
+
+
+def fleet_query(nodes, sql, tls=None, limit=10000, timeout_s=5.0, deadline_s=15.0, concurrency=32,
+                clock_samples=5, offset_threshold_ms=DEFAULT_OFFSET_THRESHOLD_MS, on_progress=None) -> FleetResult:
+    """Run `sql` on every node's agent concurrently; see the module docstring.
+
+    nodes: 'h:p,…', a file, or a list (see parse_nodes). tls: TLSOptions (default files).
+    on_progress(done, total, node_status): called in the caller's thread as each node's query ends.
+    Raises StragglerError only for bad arguments or unusable TLS files; node failures are statuses.
+    """
+    started = time.monotonic()
+    deadline_at = started + float(deadline_s)
+    addresses = parse_nodes(nodes)
+    tls = tls or TLSOptions()
+    if float(timeout_s) <= 0 or float(deadline_s) <= 0:
+        raise StragglerError("--timeout and --deadline must be more than 0 seconds")
+    context = None if tls.no_tls else client_context(tls)
+    per_node_s = min(float(timeout_s), float(deadline_s))
+    results = queue.Queue()
+    query_tasks = [(("query", i), (lambda a=a: _query_node(a, sql, tls, context, int(limit), per_node_s)))
+                   for i, a in enumerate(addresses)]
+    _run_pool(query_tasks, int(concurrency), results, "query")
+    if clock_samples and clock_samples > 0:
+        clock_tasks = [(("clock", i), (lambda a=a: _clock_node(a, tls, context, int(clock_samples), per_node_s)))
+                       for i, a in enumerate(addresses)]
+        _run_pool(clock_tasks, int(concurrency), results, "clock")
+    else:
+        clock_tasks = []
+
+    statuses: Dict[int, NodeStatus] = {}
+    clocks: Dict[int, tuple] = {}
+    outstanding = len(query_tasks) + len(clock_tasks)
+    while outstanding:
+        remaining = deadline_at - time.monotonic()
+        if remaining <= 0:
+            break
+        try:
+            (kind, index), value = results.get(timeout=remaining)
+        except queue.Empty:
+            break
+        outstanding -= 1
+        if kind == "query":
+            if isinstance(value, BaseException):
+                value = NodeStatus(address=addresses[index], status="unreachable", message=_one_line(value))
+            statuses[index] = value
+            if on_progress:
+                try:
+                    on_progress(len(statuses), len(addresses), value)
+                except Exception:
+                    pass
+        else:
+            clocks[index] = value if not isinstance(value, BaseException) else (None, [])
+
+    for index, address in enumerate(addresses):
+        if index not in statuses:
+            statuses[index] = NodeStatus(
+                address=address, status="timeout", latency_ms=round((time.monotonic() - started) * 1000.0, 3),
+                message=f"no answer from {address} within the whole call's deadline of {float(deadline_s):g} s")
+            if on_progress:
+                try:
+                    on_progress(len(statuses), len(addresses), statuses[index])
+                except Exception:
+                    pass
+
+    threshold_ns = int(float(offset_threshold_ms) * 1e6)
+    ordered = [statuses[i] for i in range(len(addresses))]
+    offsets = {}
+    for index, status in enumerate(ordered):
+        clock_node, samples = clocks.get(index, (None, []))
+        if status.node is None and clock_node:
+            status.node = clock_node
+        if samples:
+            try:
+                offset_ns, uncertainty_ns = estimate_offset(samples)
+            except ValueError:
+                continue
+            status.offset_ns, status.uncertainty_ns = offset_ns, uncertainty_ns
+            status.offset_flagged = abs(offset_ns) > threshold_ns
+            offsets[status.node or status.address] = (offset_ns, uncertainty_ns)
+
+    columns, rows = _combine(ordered)
+    for status in ordered:   # the per-node payload is now in the combined table
+        status.__dict__.pop("rows", None)
+        status.__dict__.pop("columns", None)
+    return FleetResult(columns=columns, rows=rows, nodes=ordered, offsets=offsets, offset_threshold_ns=threshold_ns,
+                       elapsed_ms=(time.monotonic() - started) * 1000.0, sql=sql)
+
+
+def _combine(ordered):
+    """One table: the first answering node's columns, with `node` first unless the SQL selected it."""
+    columns = None
+    names_seen = {}
+    for status in ordered:
+        if not status.answered:
+            continue
+        node_columns = getattr(status, "columns", None) or []
+        if columns is None:
+            columns = node_columns
+        elif node_columns != columns:
+            status.status = "sql-error"
+            status.message = (f"its columns {node_columns} differ from the other nodes' {columns} "
+                              f"(a different schema version?); its rows are left out")
+            status.row_count = 0
+            continue
+        if status.node in names_seen:
+            status.message += f"; the same node name as {names_seen[status.node]}"
+        names_seen.setdefault(status.node, status.address)
+    if columns is None:
+        return [], []
+    selects_node = "node" in columns
+    out_columns = list(columns) if selects_node else ["node"] + list(columns)
+    rows = []
+    for status in ordered:
+        if not status.answered:
+            continue
+        node_rows = getattr(status, "rows", None) or []
+        if selects_node:
+            rows.extend(list(r) for r in node_rows)
+        else:
+            name = status.node or status.address
+            rows.extend([name] + list(r) for r in node_rows)
+    return out_columns, rows
