@@ -1,0 +1,144 @@
+"""The demo's culprit: a checkpoint writer that runs beside the trainer on one node, the way
+training scripts save checkpoints (serialise, compress, write, fsync), and slows it down.
+
+What makes it hurt on this machine (measured, ../shared/notes/demo.md): zlib compression in
+3 threads (zlib releases the GIL, so the three really compete for the CPU), about 100 MB
+written per checkpoint with an fsync, in a loop, pinned to the same CPU as that node's
+trainer (--cpu). A plain dd loop, or a single compressing thread, barely slows the job.
+
+Every thread names itself "ckpt-writer" (prctl PR_SET_NAME, what the kernel reports as
+comm), so the agent's "who ran instead" and "who issued the writes" name it.
+The run is bounded: --seconds and/or --checkpoints; SIGTERM/SIGINT end it after the
+current write. The files are written under --dir and removed at the end, keeping at most
+the last --keep checkpoints meanwhile.
+
+Standard library only; it must not import torch (it stands for any background writer).
+"""
+import argparse
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+import zlib
+
+COMM = b"ckpt-writer"
+PR_SET_NAME = 15
+
+
+def set_comm(name=COMM):
+    """Set this thread's comm (what ps, /proc/TID/comm and the kernel's tracepoints show)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_NAME, ctypes.c_char_p(name[:15]), 0, 0, 0)
+    except OSError:
+        pass
+
+
+def make_weights(total_bytes, seed_block=1 << 20):
+    """Bytes that look like float32 weights: random mantissas, a narrow range of exponents
+    (compressible a little, like real checkpoints). Built from 1 MiB blocks, each varied."""
+    base = bytearray(os.urandom(seed_block))
+    # little-endian float32: byte 3 holds the sign and most of the exponent; keep it to
+    # two values (small weights of either sign), so zlib finds some redundancy
+    base[3::4] = bytes((0x3C if b & 1 else 0xBC) for b in base[3::4])
+    blocks = []
+    for i in range(max(1, total_bytes // seed_block)):
+        block = bytearray(base)
+        block[0:4096] = os.urandom(4096)  # no two blocks identical
+        blocks.append(bytes(block))
+    return blocks
+
+
+def compress_all(blocks, threads, level):
+    """Compress the blocks in `threads` threads (zlib drops the GIL while it works)."""
+    out = [None] * len(blocks)
+
+    def worker(start):
+        set_comm()
+        for i in range(start, len(blocks), threads):
+            out[i] = zlib.compress(blocks[i], level)
+    pool = [threading.Thread(target=worker, args=(t,), name="ckpt-writer") for t in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return out
+
+
+def write_checkpoint(path, chunks):
+    """Write the compressed chunks to `path` and fsync: the block writes pile up here."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        written = 0
+        for chunk in chunks:
+            written += os.write(fd, chunk)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return written
+
+
+def build_arg_parser():
+    p = argparse.ArgumentParser(prog="straggler.demo.ckpt_writer", description=__doc__.split("\n\n")[0])
+    p.add_argument("--dir", default="/var/tmp/straggler-ckpt", help="where checkpoints are written (a real disk)")
+    p.add_argument("--mb", type=int, default=100, help="checkpoint size before compression, MiB")
+    p.add_argument("--threads", type=int, default=3, help="compressing threads")
+    p.add_argument("--level", type=int, default=6, help="zlib level")
+    p.add_argument("--cpu", type=int, default=None, help="pin the writer (all threads) to this CPU")
+    p.add_argument("--seconds", type=float, default=60.0, help="stop after this long (always bounded)")
+    p.add_argument("--checkpoints", type=int, default=0, help="stop after this many checkpoints (0: no limit)")
+    p.add_argument("--keep", type=int, default=2, help="checkpoint files kept on disk while running")
+    p.add_argument("--log", help="append one line per checkpoint here")
+    return p
+
+
+def main(argv=None):
+    args = build_arg_parser().parse_args(argv)
+    set_comm()
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})  # threads started later inherit it
+    stop = {"signal": None}
+
+    def on_signal(signum, _frame):
+        stop["signal"] = signum
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    os.makedirs(args.dir, exist_ok=True)
+    log = open(args.log, "a", buffering=1) if args.log else sys.stdout
+    blocks = make_weights(args.mb << 20)
+    t_start = time.monotonic()
+    written_paths = []
+    n = 0
+    log.write(f"ckpt-writer pid {os.getpid()} on cpu {args.cpu if args.cpu is not None else 'any'}: "
+              f"{args.mb} MiB per checkpoint, {args.threads} zlib threads, fsync, into {args.dir}\n")
+    try:
+        while stop["signal"] is None and time.monotonic() - t_start < args.seconds:
+            if args.checkpoints and n >= args.checkpoints:
+                break
+            t0 = time.monotonic()
+            chunks = compress_all(blocks, args.threads, args.level)
+            t1 = time.monotonic()
+            path = os.path.join(args.dir, f"ckpt-{os.getpid()}-{n:04d}.bin.z")
+            nbytes = write_checkpoint(path, chunks)
+            t2 = time.monotonic()
+            written_paths.append(path)
+            while len(written_paths) > args.keep:
+                os.unlink(written_paths.pop(0))
+            n += 1
+            log.write(f"checkpoint {n}: compressed in {t1 - t0:.2f}s, wrote {nbytes / 1e6:.1f} MB + fsync in {t2 - t1:.2f}s\n")
+            log.flush()
+    finally:
+        for path in written_paths:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+    log.write(f"ckpt-writer done: {n} checkpoints in {time.monotonic() - t_start:.1f}s\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
