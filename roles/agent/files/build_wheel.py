@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Build the straggler agent's wheel on the controller, once per change of its sources.
+
+Run by the Ansible role `agent` (run_once, on the controller) as
+    python build_wheel.py --source REPO --cache DIR
+It hashes the files that make the package (pyproject.toml, setup.cfg/setup.py/MANIFEST.in if any,
+agent/ and bpf/), and when DIR/<hash>/ holds no wheel yet it copies those files to a private
+temporary directory and runs `pip wheel --no-deps --no-build-isolation -w OUT .` there, then moves
+the wheel into DIR/<hash>/ with an atomic rename. Prints one JSON line:
+{"changed": bool, "wheel": path, "sha256": hex, "source_hash": hex}.
+
+What it must not do: use the network (no build isolation, no dependencies), write into the
+source tree (parallel builds and developers' build/ or *.egg-info stay untouched), or leave a
+half-written wheel where another run could pick it up.
+"""
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+TOP_FILES = ("pyproject.toml", "setup.cfg", "setup.py", "MANIFEST.in", "README.md", "LICENSE")
+TREES = ("agent", "bpf")
+SKIP_DIRS = {"__pycache__", "build", "dist", ".pytest_cache"}
+SKIP_SUFFIXES = (".pyc", ".pyo", ".so", ".o")
+
+
+def package_files(source):
+    """Relative paths of the files that go into the wheel, sorted."""
+    found = [name for name in TOP_FILES if os.path.isfile(os.path.join(source, name))]
+    for tree in TREES:
+        for root, dirs, files in os.walk(os.path.join(source, tree)):
+            dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info"))
+            for name in files:
+                if not name.endswith(SKIP_SUFFIXES):
+                    found.append(os.path.relpath(os.path.join(root, name), source))
+    return sorted(found)
+
+
+def source_hash(source, files):
+    digest = hashlib.sha256()
+    for rel in files:
+        digest.update(rel.encode() + b"\0")
+        with open(os.path.join(source, rel), "rb") as fh:
+            digest.update(hashlib.sha256(fh.read()).digest())
+    return digest.hexdigest()
+
+
+def file_sha256(path):
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
+def existing_wheel(directory):
+    try:
+        wheels = sorted(n for n in os.listdir(directory) if n.endswith(".whl"))
+    except OSError:
+        return None
+    return os.path.join(directory, wheels[0]) if wheels else None
+
+
+def build(source, cache, python):
+    if not os.path.isfile(os.path.join(source, "pyproject.toml")):
+        raise SystemExit(f"build_wheel: {source} has no pyproject.toml: set straggler_agent_source_dir to the "
+                         "straggler repository (or straggler_agent_wheel to a built wheel)")
+    files = package_files(source)
+    digest = source_hash(source, files)
+    target = os.path.join(cache, digest[:16])
+    wheel = existing_wheel(target)
+    if wheel:
+        return {"changed": False, "wheel": wheel, "sha256": file_sha256(wheel), "source_hash": digest}
+    os.makedirs(cache, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".build-", dir=cache) as work:
+        tree = os.path.join(work, "src")
+        for rel in files:
+            os.makedirs(os.path.dirname(os.path.join(tree, rel)) or tree, exist_ok=True)
+            shutil.copy2(os.path.join(source, rel), os.path.join(tree, rel))
+        out = os.path.join(work, "out")
+        cmd = [python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+               "--disable-pip-version-check", "-q", "-w", out, "."]
+        proc = subprocess.run(cmd, cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=300, check=False)
+        built = existing_wheel(out)
+        if proc.returncode != 0 or not built:
+            tail = "\n".join(proc.stdout.splitlines()[-20:])
+            raise SystemExit(f"build_wheel: `{' '.join(cmd)}` failed (status {proc.returncode}); the build needs "
+                             f"setuptools and wheel in {python}:\n{tail}")
+        staged = os.path.join(work, "staged")
+        os.makedirs(staged)
+        shutil.move(built, os.path.join(staged, os.path.basename(built)))
+        try:
+            os.rename(staged, target)  # atomic; fails if a parallel run got there first
+        except OSError:
+            if not existing_wheel(target):
+                raise
+    wheel = existing_wheel(target)
+    return {"changed": True, "wheel": wheel, "sha256": file_sha256(wheel), "source_hash": digest}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--source", required=True, help="the straggler repository (holds pyproject.toml)")
+    parser.add_argument("--cache", required=True, help="directory for built wheels, one subdirectory per source hash")
+    parser.add_argument("--python", default=sys.executable, help="Python whose pip builds the wheel")
+    args = parser.parse_args(argv)
+    result = build(os.path.abspath(args.source), os.path.abspath(args.cache), args.python)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
