@@ -8,6 +8,8 @@ belongs in that file. This file must not start anything at import time.
         env = testbed.ansible_env()           # ANSIBLE_CONFIG=<state>/ansible.cfg
         testbed.exec("gpu-node-01", ["hostname"]).stdout
 
+    def test_z(systemd_testbed): ...          # gpu-node-systemd boots real systemd (+ gpu-node-01)
+
     @pytest.mark.bpf                          # skipped (with the reason) where eBPF cannot work
     def test_probe(): ...
 
@@ -26,6 +28,9 @@ TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
 SESSION_TESTBED_ID = 7
 FALLBACK_TESTBED_IDS = range(200, 220)  # used when id 7 is held by another running session
+SYSTEMD_TESTBED_ID = 207
+SYSTEMD_FALLBACK_IDS = range(230, 240)
+SYSTEMD_HOST = "gpu-node-systemd"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -58,18 +63,25 @@ def root_required() -> None:
         pytest.skip("needs root (namespaces, eBPF, packages)")
 
 
-def _claim_testbed_id() -> testbed_lib.TestbedLock:
-    """The id from $STRAGGLER_TESTBED_ID, exactly; else 7, or a free fallback id when another
-    running session holds 7. The returned lock is held until the session ends."""
-    explicit = os.environ.get(testbed_lib.ENV_ID)
-    candidates = [testbed_lib.resolve_id()] if explicit else [SESSION_TESTBED_ID, *FALLBACK_TESTBED_IDS]
+def _claim_testbed_id(env_name: str = testbed_lib.ENV_ID, preferred: int = SESSION_TESTBED_ID,
+                      fallbacks: range = FALLBACK_TESTBED_IDS) -> testbed_lib.TestbedLock:
+    """The id from $<env_name>, exactly; else `preferred`, or a free fallback id when another
+    running session holds it. The returned lock is held until the session ends."""
+    explicit = os.environ.get(env_name)
+    if explicit:
+        try:
+            candidates = [testbed_lib.resolve_id(int(explicit))]
+        except ValueError:
+            pytest.fail(f"{env_name}={explicit!r} is not a number: use 0..255", pytrace=False)
+    else:
+        candidates = [preferred, *fallbacks]
     for candidate in candidates:
         lock = testbed_lib.TestbedLock(candidate)
         if lock.try_acquire():
             return lock
     held = testbed_lib.TestbedLock(candidates[0])
     pytest.fail(f"test bed id {candidates[0]} is held by another session (pid {held.holder()}): "
-                f"set {testbed_lib.ENV_ID} to a free id", pytrace=False)
+                f"set {env_name} to a free id", pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -84,6 +96,32 @@ def testbed():
     lock = _claim_testbed_id()
     try:
         bed = testbed_lib.up(hosts=4, dead=1, testbed_id=lock.testbed_id, _lock_held=True)
+        try:
+            yield bed
+        finally:
+            testbed_lib.down(bed.id, bed.state_dir, _lock_held=True)
+    finally:
+        lock.release()
+
+
+@pytest.fixture(scope="session")
+def systemd_testbed():
+    """A test bed whose one host, gpu-node-systemd, boots real systemd (systemd-nspawn, PID 1 =
+    systemd, sshd reachable with the same key), plus one plain live host gpu-node-01. Its own id
+    ($STRAGGLER_SYSTEMD_TESTBED_ID or 207). Skipped, with the reason, where the Debian root file
+    system cannot be built (no mirror); the first build takes a few minutes and is cached under
+    /var/cache/straggler-testbed/rootfs. Yields a `Testbed`; .systemd_hosts maps name -> address,
+    inventory groups: [systemd], [live], [gpu] (all)."""
+    if os.geteuid() != 0:
+        pytest.skip("the test bed needs root (network namespaces, systemd-nspawn)")
+    try:
+        testbed_lib.ensure_systemd_rootfs()
+    except testbed_lib.RootfsUnavailable as exc:
+        pytest.skip(f"systemd host unavailable: {exc}")
+    lock = _claim_testbed_id("STRAGGLER_SYSTEMD_TESTBED_ID", SYSTEMD_TESTBED_ID, SYSTEMD_FALLBACK_IDS)
+    try:
+        bed = testbed_lib.up(hosts=1, dead=0, testbed_id=lock.testbed_id, systemd_hosts=[SYSTEMD_HOST],
+                             _lock_held=True)
         try:
             yield bed
         finally:

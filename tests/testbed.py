@@ -224,8 +224,10 @@ def _tcp_open(address: str, port: int, timeout_s: float = 0.3) -> bool:
 class Testbed:
     """A running test bed, as recorded in <state_dir>/testbed.json.
 
-    hosts: live host name -> address; dead: dead host name -> address; netns: every host name ->
-    network namespace; pids: live host name -> sshd pid (its mount+uts+net namespaces are the host's).
+    hosts: live host name -> address; dead: dead host name -> address; systemd_hosts: name -> address
+    of hosts that boot real systemd; netns: every host name -> network namespace; pids: live host
+    name -> sshd pid (its mount+uts+net namespaces are the host's); systemd_pids: systemd host name ->
+    {"nspawn": pid, "init": pid of the container's PID 1}.
     """
 
     __test__ = False
@@ -244,7 +246,7 @@ class Testbed:
     ansible_cfg: Path
     ssh_config: Path
     systemd_hosts: dict[str, str] = field(default_factory=dict)
-    extra_pids: list[int] = field(default_factory=list)
+    systemd_pids: dict[str, dict] = field(default_factory=dict)
 
     # ----- construction / persistence
     @classmethod
@@ -256,7 +258,7 @@ class Testbed:
             netns=data["netns"], pids={k: int(v) for k, v in data["pids"].items()},
             private_key=Path(data["private_key"]), inventory=Path(data["inventory"]),
             ansible_cfg=Path(data["ansible_cfg"]), ssh_config=Path(data["ssh_config"]),
-            systemd_hosts=data.get("systemd_hosts", {}), extra_pids=data.get("extra_pids", []),
+            systemd_hosts=data.get("systemd_hosts", {}), systemd_pids=data.get("systemd_pids", {}),
         )
 
     def to_dict(self) -> dict:
@@ -264,7 +266,7 @@ class Testbed:
             "id": self.id, "state_dir": str(self.state_dir), "prefix": self.prefix, "bridge": self.bridge,
             "subnet": f"10.213.{self.id}.0/24", "controller_address": self.controller_address,
             "hosts": self.hosts, "dead": self.dead, "systemd_hosts": self.systemd_hosts,
-            "netns": self.netns, "pids": self.pids, "extra_pids": self.extra_pids,
+            "netns": self.netns, "pids": self.pids, "systemd_pids": self.systemd_pids,
             "private_key": str(self.private_key), "inventory": str(self.inventory),
             "ansible_cfg": str(self.ansible_cfg), "ssh_config": str(self.ssh_config),
             "host_dirs": {name: str(self.host_dir(name)) for name in self.hosts},
@@ -306,7 +308,14 @@ class Testbed:
                 raise TestbedError(f"host {name}: its sshd (pid {pid}) is gone: run 'tests/testbed.py up' again")
             wd = cwd or os.getcwd()
             return ["nsenter", f"--target={pid}", "--mount", "--uts", "--net", f"--wd={wd}", "--", *argv]
-        if name in self.netns:  # a dead or systemd host: network namespace only
+        if name in self.systemd_hosts:  # all of the container's namespaces, via its PID 1
+            init = (self.systemd_pids.get(name) or {}).get("init") or _container_init_pid(self.netns[name])
+            if not init or not _pid_alive(init):
+                raise TestbedError(f"systemd host {name} is not running: run 'tests/testbed.py up --systemd-host {name}' again")
+            # no --wd: nsenter would open it on the controller's file system; entering the
+            # container's mount namespace leaves us in its "/" (cwd is ignored here)
+            return ["nsenter", f"--target={init}", "--mount", "--uts", "--ipc", "--net", "--pid", "--", *argv]
+        if name in self.netns:  # a dead host: network namespace only
             return ["ip", "netns", "exec", self.netns[name], *argv]
         raise TestbedError(f"no host {name!r} in test bed {self.id}: hosts are {', '.join(self.netns)}")
 
@@ -398,15 +407,12 @@ def _teardown(testbed_id: int, state_dir: Path | None) -> None:
         try:
             bed = Testbed.from_json(state_dir / STATE_FILE)
             recorded_pids = [p for p in bed.pids.values() if _pid_is_sshd(p) or p in _children]
-            recorded_pids += [p for p in bed.extra_pids if p in _children]
         except (OSError, ValueError, KeyError):
             pass
     if state_dir is not None:
         _close_control_sockets(state_dir)
     # systemd hosts first: their nspawn must get TERM and time to shut down cleanly.
-    if state_dir is not None:
-        with suppress(Exception):
-            _systemd_teardown(state_dir)
+    _systemd_teardown(testbed_id, state_dir)
 
     namespaces = _our_netns(testbed_id)
     ns_pids: list[int] = []
@@ -628,12 +634,11 @@ def up(hosts: int = 4, dead: int = 1, testbed_id: int | None = None, prefix: str
         raise TestbedError(f"test bed id {testbed_id} is in use by a running session (pid {lock.holder()}): "
                            f"pick another id (--id N or {ENV_ID}=N)")
     try:
-        state = _state_dir_for(testbed_id, state_dir)
+        state = Path(state_dir).resolve() if state_dir is not None else default_state_dir(testbed_id)
+        previous = _state_dir_for(testbed_id, None)  # where an earlier run of this id kept its state
+        if previous != state:
+            _teardown(testbed_id, previous)
         _teardown(testbed_id, state)
-        if state_dir is not None:
-            old = _state_dir_for(testbed_id, None)
-            if old != state:
-                _teardown(testbed_id, old)
         return _build(testbed_id, hosts, dead, prefix, state, dead_name, list(systemd_hosts), ready_timeout_s,
                       record_pointer=state != default_state_dir(testbed_id))
     finally:
@@ -720,14 +725,249 @@ def _wait_ready(bed: Testbed, procs: dict[str, subprocess.Popen], timeout_s: flo
             raise TestbedError(f"pid {proc.pid} of {name} is not sshd: the start chain did not exec")
 
 
-# --------------------------------------------------------------------------- systemd hosts (phase 2)
+# --------------------------------------------------------------------------- systemd hosts
+
+class RootfsUnavailable(TestbedError):
+    """The systemd host's root file system cannot be built here (no debootstrap/systemd-nspawn, or
+    the Debian mirror cannot be reached). Tests skip on this, with its message as the reason."""
+
+
+ROOTFS_CACHE = Path("/var/cache/straggler-testbed")
+ROOTFS_SUITE = "bookworm"
+ROOTFS_PACKAGES = ("systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv",
+                   "iproute2", "procps")
+ROOTFS_STAMP = ".straggler-rootfs"
+SYSTEMD_BOOT_TIMEOUT_S = 60.0
+SYSTEMD_STOP_TIMEOUT_S = 20.0
+
+
+def _debian_mirror() -> str:
+    """The Debian mirror configured for apt on this machine (deb822 or one-line format)."""
+    apt = Path("/etc/apt")
+    for path in sorted(apt.glob("sources.list.d/*.sources")):
+        for stanza in path.read_text(errors="replace").split("\n\n"):
+            fields = dict(line.split(":", 1) for line in stanza.splitlines() if ":" in line and not line.startswith("#"))
+            uris, suites = fields.get("URIs", "").split(), fields.get("Suites", "").split()
+            if uris and ROOTFS_SUITE in suites and "security" not in uris[0]:
+                return uris[0].strip()
+    for path in [apt / "sources.list", *sorted(apt.glob("sources.list.d/*.list"))]:
+        if path.exists():
+            for line in path.read_text(errors="replace").splitlines():
+                parts = line.split()
+                if len(parts) >= 3 and parts[0] == "deb" and parts[2] == ROOTFS_SUITE:
+                    return next(p for p in parts[1:] if not p.startswith("["))
+    return "http://deb.debian.org/debian"
+
+
+def _rootfs_stamp() -> str:
+    return f"{ROOTFS_SUITE} minbase {','.join(ROOTFS_PACKAGES)}\n"
+
+
+def systemd_rootfs(cache_dir: Path = ROOTFS_CACHE) -> Path | None:
+    """The cached systemd root file system, or None if it has not been built (yet)."""
+    rootfs = cache_dir / "rootfs"
+    try:
+        return rootfs if (rootfs / ROOTFS_STAMP).read_text() == _rootfs_stamp() else None
+    except OSError:
+        return None
+
+
+def ensure_systemd_rootfs(cache_dir: Path = ROOTFS_CACHE, mirror: str | None = None,
+                          timeout_s: float = 900.0) -> Path:
+    """Build (once; ~1 minute, ~320 MB) and cache a Debian minbase root file system with systemd,
+    sshd and python3 for systemd hosts. Raises RootfsUnavailable when it cannot be built here."""
+    _require_root()
+    for tool in ("debootstrap", "systemd-nspawn"):
+        if shutil.which(tool) is None:
+            raise RootfsUnavailable(f"{tool} not installed: run 'make setup' (packages debootstrap, systemd-container)")
+    ready = systemd_rootfs(cache_dir)
+    if ready:
+        return ready
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    lock_fd = os.open(cache_dir / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:  # another session may be building it: wait for that (bounded)
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TestbedError(f"another process holds {cache_dir}/.lock for over {timeout_s:.0f} s: is a debootstrap stuck?") from None
+                time.sleep(0.5)
+        ready = systemd_rootfs(cache_dir)
+        if ready:
+            return ready
+        return _build_rootfs(cache_dir, mirror or _debian_mirror(), max(60.0, deadline - time.monotonic()))
+    finally:
+        os.close(lock_fd)
+
+
+def _build_rootfs(cache_dir: Path, mirror: str, timeout_s: float) -> Path:
+    build = cache_dir / f"rootfs.build-{os.getpid()}"
+    shutil.rmtree(build, ignore_errors=True)
+    for old in cache_dir.glob("rootfs.build-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    log = cache_dir / "debootstrap.log"
+    argv = ["debootstrap", "--variant=minbase", f"--include={','.join(ROOTFS_PACKAGES)}", ROOTFS_SUITE, str(build), mirror]
+    try:
+        with open(log, "wb") as out:
+            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        shutil.rmtree(build, ignore_errors=True)
+        raise RootfsUnavailable(f"debootstrap from {mirror} did not finish within {timeout_s:.0f} s: see {log}") from None
+    if proc.returncode != 0:
+        text = log.read_text(errors="replace")
+        shutil.rmtree(build, ignore_errors=True)
+        last = [line for line in text.splitlines() if line.strip()][-1:] or [f"exit {proc.returncode}"]
+        network = any(word in text for word in ("Failed getting release file", "Couldn't download", "Temporary failure",
+                                                  "Could not resolve", "Connection refused", "Network is unreachable",
+                                                  "Failed to connect", "Unable to fetch"))
+        cls = RootfsUnavailable if network else TestbedError
+        raise cls(f"debootstrap {ROOTFS_SUITE} from {mirror} failed: {last[0].strip()} (see {log})")
+    # Make it a template: each boot gets its own machine id and the hostname nspawn gives it.
+    (build / "etc/machine-id").write_text("")
+    (build / "etc/hostname").unlink(missing_ok=True)
+    ssh_dir = build / "root/.ssh"
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    (ssh_dir / "authorized_keys").touch(mode=0o600)  # a bind-mount target: each test bed binds its key
+    (build / ROOTFS_STAMP).write_text(_rootfs_stamp())
+    rootfs = cache_dir / "rootfs"
+    if rootfs.exists():
+        shutil.rmtree(rootfs)
+    build.rename(rootfs)
+    return rootfs
+
+
+def _cgroup_roots() -> list[Path]:
+    """The cgroup hierarchies systemd-nspawn uses: cgroup2 (unified) and v1 name=systemd."""
+    base = Path("/sys/fs/cgroup")
+    if (base / "cgroup.controllers").exists():  # pure cgroup v2
+        return [base]
+    return [p for p in (base / "unified", base / "systemd") if (p / "cgroup.procs").exists()]
+
+
+def _cgroup_name(testbed_id: int, host: str) -> str:
+    return f"straggler-testbed-{testbed_id}-{host}"
+
+
+def _our_cgroups(testbed_id: int) -> list[Path]:
+    prefix = f"straggler-testbed-{testbed_id}-"
+    return [p for root in _cgroup_roots() for p in root.glob(prefix + "*") if p.is_dir()]
+
+
+def _cgroup_pids(cgroup: Path) -> list[int]:
+    pids = []
+    for procs in cgroup.rglob("cgroup.procs"):
+        try:
+            pids += [int(tok) for tok in procs.read_text().split()]
+        except (OSError, ValueError):
+            pass
+    return pids
+
+
+def _remove_cgroup(cgroup: Path) -> None:
+    for sub in sorted((p for p in cgroup.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        with suppress(OSError):
+            sub.rmdir()
+    with suppress(OSError):
+        cgroup.rmdir()
+
+
+def _container_init_pid(netns: str) -> int | None:
+    """PID (in our pid namespace) of the container's PID 1 running in `netns`."""
+    for pid in _netns_pids(netns):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+        if len(nspid) >= 2 and nspid[-1] == "1":
+            return pid
+    return None
+
 
 def _systemd_up(bed: Testbed, names: list[str]) -> None:
-    raise TestbedError("systemd hosts are not implemented yet")
+    rootfs = ensure_systemd_rootfs()
+    Path("/run/systemd/nspawn").mkdir(parents=True, exist_ok=True)  # mount point for a private tmpfs
+    nspawns: dict[str, subprocess.Popen] = {}
+    for name in names:
+        host_meta = bed.host_dir(name).parent
+        (host_meta / "root/etc").mkdir(parents=True, exist_ok=True)
+        hosts_file = host_meta / "root/etc/hosts"
+        hosts_file.write_text(_etc_hosts(bed.all_hosts, name, bed.controller_address))
+        cgroups = []
+        for root in _cgroup_roots():
+            cgroup = root / _cgroup_name(bed.id, name)
+            cgroup.mkdir(exist_ok=True)
+            cgroups.append(cgroup)
+        nspawn = ["systemd-nspawn", "-D", str(rootfs), "-b", "--register=no", "--keep-unit", "--resolv-conf=off",
+                  f"--network-namespace-path=/run/netns/{bed.netns[name]}", "--console=pipe",
+                  f"--machine={name}", f"--hostname={name}", "--volatile=overlay", "--link-journal=no",
+                  f"--bind-ro={bed.state_dir / 'authorized_keys'}:/root/.ssh/authorized_keys",
+                  f"--bind-ro={hosts_file}:/etc/hosts"]
+        script = [f"echo $$ > {shlex.quote(str(cg / 'cgroup.procs'))}" for cg in cgroups]
+        script += ["mount -t tmpfs -o mode=0755 tmpfs /run/systemd/nspawn",
+                   "exec " + " ".join(shlex.quote(a) for a in nspawn)]
+        console = open(host_meta / "console.log", "wb")
+        try:
+            proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", "\n".join(script)],
+                                    stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
+                                    start_new_session=True, close_fds=True)
+        finally:
+            console.close()
+        _children[proc.pid] = proc
+        nspawns[name] = proc
+        bed.systemd_pids[name] = {"nspawn": proc.pid, "init": None}
+        bed.save()
+    deadline = time.monotonic() + SYSTEMD_BOOT_TIMEOUT_S
+    waiting = set(names)
+    while waiting:
+        for name in list(waiting):
+            proc = nspawns[name]
+            if proc.poll() is not None:
+                text = (bed.host_dir(name).parent / "console.log").read_text(errors="replace").strip().splitlines()
+                raise TestbedError(f"systemd host {name}: systemd-nspawn exited ({proc.returncode}): {text[-1] if text else ''}")
+            if _tcp_open(bed.systemd_hosts[name], 22):
+                bed.systemd_pids[name]["init"] = _container_init_pid(bed.netns[name])
+                waiting.discard(name)
+        if waiting and time.monotonic() > deadline:
+            raise TestbedError(f"systemd host(s) {', '.join(sorted(waiting))} did not answer on port 22 within "
+                               f"{SYSTEMD_BOOT_TIMEOUT_S:.0f} s: see {bed.state_dir}/hosts/*/console.log")
+        if waiting:
+            time.sleep(0.1)
 
 
-def _systemd_teardown(state_dir: Path) -> None:
-    return None
+def _systemd_teardown(testbed_id: int, state_dir: Path | None) -> None:
+    """Stop systemd hosts cleanly (TERM to systemd-nspawn makes the container power off), then
+    kill whatever is left in their cgroups and remove the cgroups nspawn leaves behind."""
+    nspawn_pids: list[int] = []
+    if state_dir is not None and (state_dir / STATE_FILE).exists():
+        with suppress(OSError, ValueError, KeyError):
+            bed = Testbed.from_json(state_dir / STATE_FILE)
+            nspawn_pids = [p["nspawn"] for p in bed.systemd_pids.values() if p.get("nspawn")]
+    cgroups = _our_cgroups(testbed_id)
+    in_cgroups = {pid for cg in cgroups for pid in _cgroup_pids(cg)}
+    nspawn_pids = [p for p in nspawn_pids if p in in_cgroups or p in _children]
+    for pid in nspawn_pids:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + SYSTEMD_STOP_TIMEOUT_S
+    while time.monotonic() < deadline and any(_pid_alive(p) for p in nspawn_pids):
+        time.sleep(0.05)
+    leftovers = [pid for cg in cgroups for pid in _cgroup_pids(cg)] + nspawn_pids
+    _kill_and_wait(leftovers)
+    for pid in nspawn_pids:
+        child = _children.pop(pid, None)
+        if child is not None:
+            with suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=1)
+    for cgroup in cgroups:
+        deadline = time.monotonic() + 5.0
+        while cgroup.exists() and time.monotonic() < deadline:
+            _remove_cgroup(cgroup)
+            if cgroup.exists():
+                time.sleep(0.05)
 
 
 # --------------------------------------------------------------------------- module API
