@@ -13,7 +13,7 @@ warn() { printf 'setup: WARNING: %s\n' "$*" >&2; }
 
 # --- distribution packages -------------------------------------------------
 PKGS=(python3-bpfcc python3-venv python3-dev openssh-server nftables sqlite3 bpftrace iproute2
-      gcc make procps util-linux bridge-utils openssl zstd kmod)
+      gcc make procps util-linux bridge-utils openssl zstd kmod debootstrap systemd-container)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
