@@ -51,20 +51,23 @@ def make_weights(total_bytes, seed_block=1 << 20):
     return blocks
 
 
-def compress_all(blocks, threads, level):
-    """Compress the blocks in `threads` threads (zlib drops the GIL while it works)."""
+def compress_all(blocks, threads, level, should_stop=lambda: False):
+    """Compress the blocks in `threads` threads (zlib drops the GIL while it works).
+    Returns None when should_stop() became true meanwhile (checked between blocks)."""
     out = [None] * len(blocks)
 
     def worker(start):
         set_comm()
         for i in range(start, len(blocks), threads):
+            if should_stop():
+                return
             out[i] = zlib.compress(blocks[i], level)
     pool = [threading.Thread(target=worker, args=(t,), name="ckpt-writer") for t in range(threads)]
     for t in pool:
         t.start()
     for t in pool:
         t.join()
-    return out
+    return None if should_stop() else out
 
 
 def write_checkpoint(path, chunks):
@@ -106,20 +109,25 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
+    def should_stop():
+        return stop["signal"] is not None or time.monotonic() - t_start >= args.seconds
+
     os.makedirs(args.dir, exist_ok=True)
     log = open(args.log, "a", buffering=1) if args.log else sys.stdout
-    blocks = make_weights(args.mb << 20)
     t_start = time.monotonic()
+    blocks = make_weights(args.mb << 20)
     written_paths = []
     n = 0
     log.write(f"ckpt-writer pid {os.getpid()} on cpu {args.cpu if args.cpu is not None else 'any'}: "
               f"{args.mb} MiB per checkpoint, {args.threads} zlib threads, fsync, into {args.dir}\n")
     try:
-        while stop["signal"] is None and time.monotonic() - t_start < args.seconds:
+        while not should_stop():
             if args.checkpoints and n >= args.checkpoints:
                 break
             t0 = time.monotonic()
-            chunks = compress_all(blocks, args.threads, args.level)
+            chunks = compress_all(blocks, args.threads, args.level, should_stop)
+            if chunks is None:
+                break
             t1 = time.monotonic()
             path = os.path.join(args.dir, f"ckpt-{os.getpid()}-{n:04d}.bin.z")
             nbytes = write_checkpoint(path, chunks)

@@ -65,6 +65,10 @@ class GpuWork:
     `gpu_wait_ms` on the device and cuStreamSynchronize waits for it."""
 
     def __init__(self, lib_path, launches_per_step=4, alloc_bytes=4 << 20, gpu_wait_ms=10.0, real=False):
+        if not real:
+            # the stand-in reads its call durations from the environment when it is loaded:
+            # synchronisations sleep (the wait for the GPU), launches/allocs busy-wait briefly
+            os.environ.setdefault("STRAGGLER_STANDIN_SYNC_US", str(int(gpu_wait_ms * 1000)))
         self.lib = ctypes.CDLL(lib_path)
         self.lib_path = lib_path
         self.real = real
@@ -73,10 +77,11 @@ class GpuWork:
         self.gpu_wait_ms = gpu_wait_ms
         self._check("cuInit", self.lib.cuInit(0))
         self.device = ctypes.c_int(0)
-        self._check("cuDeviceGet", self.lib.cuDeviceGet(ctypes.byref(self.device), 0))
         self.ctx = ctypes.c_void_p()
-        create = getattr(self.lib, "cuCtxCreate_v2", None) or self.lib.cuCtxCreate
-        self._check("cuCtxCreate", create(ctypes.byref(self.ctx), 0, self.device))
+        if real:  # the stand-in has no devices or contexts to set up
+            self._check("cuDeviceGet", self.lib.cuDeviceGet(ctypes.byref(self.device), 0))
+            create = getattr(self.lib, "cuCtxCreate_v2", None) or self.lib.cuCtxCreate
+            self._check("cuCtxCreate", create(ctypes.byref(self.ctx), 0, self.device))
         self.stream = ctypes.c_void_p(0)  # the default stream
         self.function = ctypes.c_void_p(0)
         self.spin_cycles = ctypes.c_uint64(0)

@@ -1,0 +1,90 @@
+"""The demo job's launcher on one host: what a job scheduler's step does on each node.
+
+Runs inside the host (the orchestrator starts it there through the test bed, in a session of
+its own), and starts, as its children:
+- torchrun for this node's rank (`--nnodes N --node_rank R --nproc_per_node 1`), with
+  GLOO_SOCKET_IFNAME set to the host's interface (without it gloo binds to loopback inside
+  the namespace and the ranks cannot connect: ../shared/notes/demo.md);
+- when --writer-trigger is given: the checkpoint writer, once that file appears (the job's
+  checkpoint hook kicking in), pinned with --writer-cpu. It runs in the same session as the
+  trainer, as a checkpoint writer started by the job would.
+
+It exits when torchrun exits (stopping the writer first), and on SIGTERM/SIGINT stops its
+children (TERM, then KILL after a bounded wait). It kills nothing it did not start.
+"""
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def build_arg_parser():
+    p = argparse.ArgumentParser(prog="straggler.demo.node", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rank", type=int, required=True, help="this node's rank (torchrun --node_rank)")
+    p.add_argument("--nnodes", type=int, required=True)
+    p.add_argument("--master-addr", required=True, help="address of the host that runs rank 0")
+    p.add_argument("--master-port", type=int, default=29500)
+    p.add_argument("--ifname", default="eth0", help="GLOO_SOCKET_IFNAME: the host's network interface")
+    p.add_argument("--job-dir", required=True, help="step logs (steps-rank<R>.csv) and output go here")
+    p.add_argument("--trainer-args", default="", help="more arguments for straggler.demo.trainer (one string)")
+    p.add_argument("--writer-trigger", help="start the checkpoint writer when this file exists")
+    p.add_argument("--writer-cpu", type=int, default=None)
+    p.add_argument("--writer-seconds", type=float, default=60.0)
+    p.add_argument("--writer-dir", default="/var/tmp/straggler-ckpt")
+    p.add_argument("--max-seconds", type=float, default=600.0, help="hard limit on this launcher's life")
+    return p
+
+
+def main(argv=None):
+    args = build_arg_parser().parse_args(argv)
+    python = sys.executable
+    bindir = os.path.dirname(python)
+    env = dict(os.environ, GLOO_SOCKET_IFNAME=args.ifname, PYTHONUNBUFFERED="1")
+    agent_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = agent_dir + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    os.makedirs(args.job_dir, exist_ok=True)
+    torchrun = os.path.join(bindir, "torchrun")
+    trainer_cmd = [torchrun, f"--nnodes={args.nnodes}", f"--node_rank={args.rank}", "--nproc_per_node=1",
+                   f"--master_addr={args.master_addr}", f"--master_port={args.master_port}",
+                   "-m", "straggler.demo.trainer", "--log-dir", args.job_dir] + args.trainer_args.split()
+    children = []
+    stopping = {"signal": None}
+
+    def on_signal(signum, _frame):
+        stopping["signal"] = signum
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    trainer = subprocess.Popen(trainer_cmd, env=env, stdin=subprocess.DEVNULL)
+    children.append(trainer)
+    writer = None
+    deadline = time.monotonic() + args.max_seconds
+    try:
+        while trainer.poll() is None and stopping["signal"] is None and time.monotonic() < deadline:
+            if writer is None and args.writer_trigger and os.path.exists(args.writer_trigger):
+                writer_cmd = [python, "-m", "straggler.demo.ckpt_writer", "--seconds", str(args.writer_seconds),
+                              "--dir", args.writer_dir, "--log", os.path.join(args.job_dir, f"ckpt-writer-rank{args.rank}.log")]
+                if args.writer_cpu is not None:
+                    writer_cmd += ["--cpu", str(args.writer_cpu)]
+                writer = subprocess.Popen(writer_cmd, env=env, stdin=subprocess.DEVNULL)
+                children.append(writer)
+                print(f"[node rank {args.rank}] checkpoint writer started: pid {writer.pid}", flush=True)
+            time.sleep(0.1)
+    finally:
+        for child in reversed(children):  # the writer first, then the trainer
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        end = time.monotonic() + 20
+        for child in reversed(children):
+            try:
+                child.wait(timeout=max(0.1, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait(timeout=5)
+    return trainer.returncode if trainer.returncode is not None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
