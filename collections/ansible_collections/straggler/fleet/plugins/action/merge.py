@@ -1,0 +1,118 @@
+# -*- coding: utf-8 -*-
+# Copyright: the straggler project
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Action plugin straggler.fleet.merge: the core's straggler.analysis.merge.merge on the
+controller, once per play. It expands `src` (files and directories) into the list of input
+databases and gathers offsets from clock_facts facts when asked; the merge itself (node
+renaming, clock alignment, atomic output) is the core's and must not be redone here."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import (
+    core_error_types,
+    hostvar,
+    import_core,
+    plain,
+)
+
+ARGUMENT_SPEC = dict(
+    src=dict(type='list', elements='path', required=True),
+    dest=dict(type='path', required=True),
+    offsets=dict(type='dict'),
+    offsets_from_hosts=dict(type='list', elements='str'),
+    rename=dict(type='raw', default=False),
+)
+
+
+def expand_sources(sources):
+    """Input database paths from files and directories (a directory: its *.db files, sorted)."""
+    inputs = []
+    for source in sources:
+        source = os.path.abspath(os.path.expanduser(source))
+        if os.path.isdir(source):
+            found = sorted(glob.glob(os.path.join(source, '*.db')))
+            if not found:
+                raise AnsibleActionFail('%s holds no *.db files: collect the hosts\' databases first (straggler.fleet.collect)' % source)
+            inputs.extend(found)
+        elif os.path.isfile(source):
+            inputs.append(source)
+        else:
+            raise AnsibleActionFail('src %s does not exist: give node databases or a directory of them' % source)
+    return inputs
+
+
+def offsets_from_clock_facts(task_vars, hosts):
+    """{inventory_hostname: {offset_ns, uncertainty_ns}} from each host's straggler_clock fact
+    (set by straggler.fleet.clock_facts); hosts without the fact are left out and listed."""
+    offsets = {}
+    without = []
+    for host in hosts:
+        fact = hostvar(task_vars, host, 'straggler_clock')
+        if not fact:
+            facts = hostvar(task_vars, host, 'ansible_facts') or {}
+            fact = facts.get('straggler_clock') if hasattr(facts, 'get') else None
+        if fact and hasattr(fact, 'get') and fact.get('offset_ns') is not None:
+            offsets[str(host)] = dict(offset_ns=int(fact.get('offset_ns')), uncertainty_ns=int(fact.get('uncertainty_ns') or 0))
+        else:
+            without.append(str(host))
+    return offsets, without
+
+
+def rename_argument(value):
+    """The core's `rename` from the option: a bool, or a dict {old node: new node}."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ('true', 'yes', 'false', 'no'):
+        return value.lower() in ('true', 'yes')
+    if hasattr(value, 'items'):
+        return dict((str(old), str(new)) for old, new in value.items())
+    raise AnsibleActionFail('rename must be true/false or a mapping {old node name: new node name}')
+
+
+class ActionModule(ActionBase):
+
+    BYPASS_HOST_LOOP = True
+    TRANSFERS_FILES = False
+    _requires_connection = False
+    _supports_check_mode = True
+
+    def run(self, tmp=None, task_vars=None):
+        task_vars = task_vars or {}
+        result = super(ActionModule, self).run(tmp, task_vars)
+        dummy, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        inputs = expand_sources(args['src'])
+        rename = rename_argument(args['rename'])
+
+        offsets = {}
+        without_offsets = []
+        if args['offsets_from_hosts']:
+            offsets, without_offsets = offsets_from_clock_facts(task_vars, args['offsets_from_hosts'])
+        if args['offsets']:
+            offsets.update(plain(args['offsets']))
+        dest = os.path.abspath(os.path.expanduser(args['dest']))
+        result.update(dest=dest, inputs=inputs, offsets=offsets, hosts_without_offsets=without_offsets)
+
+        if self._task.check_mode:
+            result.update(changed=True, msg='would merge %d databases into %s' % (len(inputs), dest))
+            return result
+        merge = import_core('analysis.merge')
+        try:
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            summary = merge.merge(inputs, dest, offsets=offsets or None, rename=rename)
+        except core_error_types() as exc:
+            raise AnsibleActionFail('merge failed: %s' % exc) from None
+        summary = plain(summary)
+        result.update(changed=True, summary=summary, nodes=summary.get('nodes', []),
+                      unaligned=summary.get('unaligned', []), offset_unknown=summary.get('offset_unknown', []))
+        result['msg'] = 'merged %d databases (%d nodes) into %s' % (len(inputs), len(result['nodes']), dest)
+        if result['unaligned']:
+            result['msg'] += '; no clock pairs (ts_aligned NULL): %s' % ', '.join(result['unaligned'])
+        if result['offset_unknown']:
+            result['msg'] += '; no measured offset (0 assumed): %s' % ', '.join(result['offset_unknown'])
+        return result

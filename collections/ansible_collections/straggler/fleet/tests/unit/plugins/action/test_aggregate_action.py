@@ -1,0 +1,118 @@
+# -*- coding: utf-8 -*-
+# Copyright: the straggler project
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""aggregate: every host of the play in one table, with a status for each, unreachable ones included."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from ansible.errors import AnsibleActionFail
+
+from ansible_collections.straggler.fleet.plugins.action.aggregate import ActionModule
+from ansible_collections.straggler.fleet.plugins.plugin_utils.aggregation import aggregate, host_status
+
+OK_A = dict(changed=False, node='node-a', columns=['op', 'n'], rows=[['x', 1], ['y', 2]], truncated=False, elapsed_ms=1.5)
+OK_B = dict(changed=False, node='node-b', columns=['op', 'n'], rows=[['x', 7]], truncated=True, elapsed_ms=2.0)
+EMPTY_C = dict(changed=False, node='node-c', columns=['op', 'n'], rows=[])
+UNREACHABLE = dict(changed=False, unreachable=True, msg='Failed to connect to the host via ssh: Connection refused')
+FAILED = dict(changed=False, failed=True, msg='DELETE is not allowed: queries are read-only\nsecond line')
+
+
+def test_rows_get_the_node_column_and_every_host_a_status():
+    table = aggregate(['a', 'b', 'c', 'd', 'e', 'f'],
+                      dict(a=OK_A, b=OK_B, c=EMPTY_C, d=UNREACHABLE, e=FAILED), active_hosts={'a', 'b', 'c', 'e'})
+    assert table['columns'] == ['node', 'op', 'n']
+    assert table['rows'] == [['node-a', 'x', 1], ['node-a', 'y', 2], ['node-b', 'x', 7]]
+    assert table['row_count'] == 3
+    statuses = dict((entry['host'], entry) for entry in table['hosts'])
+    assert [entry['host'] for entry in table['hosts']] == ['a', 'b', 'c', 'd', 'e', 'f']
+    assert statuses['a']['status'] == 'ok' and statuses['a']['row_count'] == 2
+    assert statuses['b']['truncated'] is True
+    assert statuses['c']['status'] == 'empty'
+    assert statuses['d']['status'] == 'unreachable' and 'Connection refused' in statuses['d']['message']
+    assert statuses['e']['status'] == 'failed' and statuses['e']['message'] == 'DELETE is not allowed: queries are read-only'
+    assert statuses['f']['status'] == 'missing' and 'left the play' in statuses['f']['message']
+    assert table['missing'] == ['d', 'e', 'f']
+
+
+def test_a_selected_node_column_is_not_duplicated():
+    result = dict(node='node-a', columns=['n', 'node'], rows=[[1, 'node-a']])
+    table = aggregate(['a'], dict(a=result))
+    assert table['columns'] == ['n', 'node']
+    assert table['rows'] == [[1, 'node-a']]
+
+
+def test_hosts_with_different_columns_line_up_by_name():
+    first = dict(node='n1', columns=['a', 'b'], rows=[[1, 2]])
+    second = dict(node='n2', columns=['b', 'c'], rows=[[3, 4]])
+    table = aggregate(['h1', 'h2'], dict(h1=first, h2=second))
+    assert table['columns'] == ['node', 'a', 'b', 'c']
+    assert table['rows'] == [['n1', 1, 2, None], ['n2', None, 3, 4]]
+
+
+@pytest.mark.parametrize('registered, status', [
+    (dict(skipped=True, skip_reason='Conditional result was False'), 'skipped'),
+    (dict(changed=False, stdout='hello'), 'invalid'),
+    ('a string', 'invalid'),
+    (None, 'missing'),
+])
+def test_other_registered_values_get_a_status(registered, status):
+    assert host_status('h', registered)['status'] == status
+
+
+def hostvars_task_vars(**registered):
+    hostvars = dict((host, dict(straggler_query=value)) for host, value in registered.items())
+    hostvars['ghost'] = {}
+    hosts = list(registered) + ['ghost']
+    return dict(hostvars=hostvars, ansible_play_hosts_all=hosts, ansible_play_hosts=list(registered))
+
+
+def test_action_gathers_every_host_of_the_play(action_factory):
+    action = action_factory(ActionModule, {})
+    result = action.run(task_vars=hostvars_task_vars(a=OK_A, b=UNREACHABLE))
+    assert result['changed'] is False
+    assert result['rows'] == [['node-a', 'x', 1], ['node-a', 'y', 2]]
+    assert result['missing'] == ['b', 'ghost']
+    assert result['msg'] == '1 of 3 hosts answered, 2 rows; missing: b, ghost'
+    assert not result.get('failed')
+
+
+def test_action_reads_the_named_variable_and_the_given_hosts(action_factory):
+    task_vars = dict(hostvars=dict(a=dict(other=OK_B)), ansible_play_hosts_all=['localhost'])
+    result = ActionModule.run(action_factory(ActionModule, dict(results='other', hosts=['a'])), task_vars=task_vars)
+    assert result['rows'] == [['node-b', 'x', 7]] and result['missing'] == []
+
+
+@pytest.mark.parametrize('name, check', [
+    ('table.csv', lambda text: list(csv.reader(io.StringIO(text))) == [['node', 'op', 'n'], ['node-a', 'x', '1'],
+                                                                       ['node-a', 'y', '2']]),
+    ('table.md', lambda text: '| node-a | x | 1 |' in text and 'Missing hosts: b, ghost' in text and '| b | b | unreachable' in text),
+    ('table.json', lambda text: json.loads(text)['missing'] == ['b', 'ghost'] and json.loads(text)['rows'][0] == ['node-a', 'x', 1]),
+])
+def test_dest_is_written_in_the_format_of_its_name_and_only_when_it_changes(action_factory, tmp_path, name, check):
+    dest = tmp_path / 'sub' / name
+    task_vars = hostvars_task_vars(a=OK_A, b=UNREACHABLE)
+    result = action_factory(ActionModule, dict(dest=str(dest))).run(task_vars=task_vars)
+    assert result['changed'] is True and dest.exists()
+    assert check(dest.read_text())
+    again = action_factory(ActionModule, dict(dest=str(dest))).run(task_vars=task_vars)
+    assert again['changed'] is False
+
+
+def test_check_mode_writes_nothing(action_factory, tmp_path):
+    dest = tmp_path / 'table.json'
+    result = action_factory(ActionModule, dict(dest=str(dest)), check_mode=True).run(task_vars=hostvars_task_vars(a=OK_A))
+    assert result['changed'] is True
+    assert not dest.exists()
+
+
+def test_bad_format_and_no_hosts_are_refused(action_factory):
+    with pytest.raises(AnsibleActionFail):
+        action_factory(ActionModule, dict(format='xml')).run(task_vars=hostvars_task_vars(a=OK_A))
+    with pytest.raises(AnsibleActionFail, match='no hosts'):
+        action_factory(ActionModule, {}).run(task_vars=dict(hostvars={}, ansible_play_hosts_all=[]))
