@@ -24,8 +24,6 @@ import pytest
 
 import testbed as testbed_lib  # tests/testbed.py (pytest puts tests/ on sys.path)
 
-TESTS_DIR = Path(__file__).resolve().parent
-REPO_ROOT = TESTS_DIR.parent
 SESSION_TESTBED_ID = 7
 FALLBACK_TESTBED_IDS = range(200, 220)  # used when id 7 is held by another running session
 SYSTEMD_TESTBED_ID = 207

@@ -18,15 +18,22 @@ What it must not do: touch anything outside its own names (bridge `stb<id>`, lin
 namespaces `stb<id>-*`, subnet 10.213.<id>.0/24, its state dir, its lock dir), route beyond the test
 subnet (hosts have no default route), touch /root/.ssh, or kill a process it did not start (it kills
 the sshd pids it recorded and processes living inside its own namespaces). Every wait is bounded.
-The only trace it leaves outside its state dir: empty mount-point directories for the private
-paths (/var/lib/straggler, /etc/straggler, /opt/straggler, /var/log/straggler, /run/straggler)
-when the machine lacked them, and a tiny lock file per id under /tmp/straggler-testbed-locks/.
+The only traces it leaves outside its state dir: empty mount-point directories for the private
+paths (/var/lib/straggler, /etc/straggler, /opt/straggler, /var/log/straggler, /run/straggler,
+/run/systemd/nspawn) when the machine lacked them, a tiny lock file per id under
+/tmp/straggler-testbed-locks/, and the cached systemd root file system under
+/var/cache/straggler-testbed/ (built once by debootstrap, only when a systemd host is asked for).
+
+Systemd hosts (`up(..., systemd_hosts=[NAME])`, CLI `--systemd-host NAME`): a Debian bookworm minbase
+root file system with systemd, sshd and python3, booted by systemd-nspawn (volatile overlay: the
+cache stays pristine) inside a test-bed network namespace, in its own cgroup; PID 1 is systemd and
+sshd accepts the same key. No BPF inside (nspawn drops the capabilities) and no packages beyond
+ROOTFS_PACKAGES (no route to a mirror).
 """
 from __future__ import annotations
 
 import argparse
 import fcntl
-import ipaddress
 import json
 import os
 import shlex
@@ -997,7 +1004,7 @@ def status(testbed_id: int | None = None, state_dir: str | Path | None = None) -
         return result
     result.update(up=True, state_dir=str(bed.state_dir), inventory=str(bed.inventory), hosts={})
     for name, addr in bed.all_hosts.items():
-        pid = bed.pids.get(name)
+        pid = bed.pids.get(name) or (bed.systemd_pids.get(name) or {}).get("init")
         kind = "live" if name in bed.hosts else "systemd" if name in bed.systemd_hosts else "dead"
         result["hosts"][name] = {
             "address": addr, "kind": kind, "netns": bed.netns[name], "pid": pid,
