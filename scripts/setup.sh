@@ -87,4 +87,4 @@ if [ "${STRAGGLER_SKIP_TORCH:-0}" != 1 ] && ! .venv/bin/python -c 'import torch'
   .venv/bin/python -m pip install -q torch==2.13.0 || die "pip install torch==2.13.0 failed (set STRAGGLER_SKIP_TORCH=1 to skip the demo job)"
 fi
 .venv/bin/python -c 'import bcc, ansible, straggler' || die ".venv cannot import bcc/ansible/straggler: rm -rf .venv and run make setup again"
-say "ok ($(.venv/bin/ansible --version | head -1), bcc $(.venv/bin/python -c 'import bcc;print(getattr(bcc,"__version__","?"))'))"
+say "ok ($(.venv/bin/python -c 'import ansible.release as a, bcc; print("ansible-core", a.__version__, "| bcc", getattr(bcc, "__version__", "?"))'))"
