@@ -1,0 +1,331 @@
+"""The fleet client (fleet/client.py, `straggler fleet query`) against real agents: TLS 1.3 with
+mutual certificates, each agent on its own loopback address with its own database.
+
+What a user would notice: every node's rows come back under the node's own name; nodes that are
+stopped, hung or unreachable are listed with their status while the others still answer; the
+call ends by its deadline; a node whose wall clock is 2.5 s ahead is measured as 2.5 s ahead."""
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from test_api_helpers import (AGENT_ADDRESSES, EXTRA_ADDRESSES, REPO, SKEWED_ADDRESS, DroppingPeer, Pki,
+                              SilentPeer, make_node_db, venv_env)
+
+from straggler.api.server import start_background
+from straggler.clock import estimate_offset, mono_to_real, offset_of_pairs
+from straggler.errors import StragglerError
+from straggler.fleet.client import EXIT_ALL_ANSWERED, EXIT_NONE_ANSWERED, EXIT_PARTIAL, fleet_query, parse_nodes
+
+NODE_NAMES = [f"gpu-node-{i + 1:02d}" for i in range(len(AGENT_ADDRESSES))]
+COUNT_SQL = "SELECT op, count(*) AS n FROM events GROUP BY op ORDER BY op"
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    return Pki(tmp_path_factory.mktemp("fleet-pki"))
+
+
+@pytest.fixture(scope="module")
+def fleet(certs, tmp_path_factory):
+    """Four agents, 127.0.0.11-14, databases with different data. Yields (addresses, expected)."""
+    work = tmp_path_factory.mktemp("fleet")
+    handles, addresses, expected = [], [], {}
+    try:
+        for index, (address, name) in enumerate(zip(AGENT_ADDRESSES, NODE_NAMES)):
+            db = work / f"{name}.db"
+            expected[name] = make_node_db(db, name, index)
+            handle = start_background(str(db), listen=f"{address}:0", tls=certs.server(address))
+            handles.append(handle)
+            addresses.append(f"{address}:{handle.port}")
+        yield addresses, expected
+    finally:
+        for handle in handles:
+            handle.stop()
+
+
+def _by_node(result):
+    table = {}
+    node_col = result.columns.index("node")
+    for row in result.rows:
+        rest = [v for i, v in enumerate(row) if i != node_col]
+        table.setdefault(row[node_col], {})[rest[0]] = rest[1]
+    return table
+
+
+def test_one_query_returns_every_nodes_rows_under_its_own_name(certs, fleet):
+    addresses, expected = fleet
+    result = fleet_query(",".join(addresses), COUNT_SQL, certs.client(), timeout_s=10, deadline_s=20)
+    assert result.columns == ["node", "op", "n"]
+    assert _by_node(result) == expected
+    assert [n.status for n in result.nodes] == ["ok"] * 4
+    assert [n.node for n in result.nodes] == NODE_NAMES
+    assert [n.address for n in result.nodes] == addresses
+    assert result.exit_code == EXIT_ALL_ANSWERED
+    # offsets measured for every node; same machine, same clock: near zero, none flagged
+    assert set(result.offsets) == set(NODE_NAMES)
+    for node in result.nodes:
+        assert abs(node.offset_ns) <= max(node.uncertainty_ns, 1_000_000)
+        assert not node.offset_flagged
+
+
+def test_a_query_that_selects_node_gets_no_second_node_column(certs, fleet):
+    addresses, _ = fleet
+    result = fleet_query(addresses, "SELECT node, count(*) AS n FROM events GROUP BY node", certs.client(),
+                         clock_samples=0)
+    assert result.columns == ["node", "n"]
+    assert sorted(result.rows) == [[name, 6 * (i + 1)] for i, name in enumerate(NODE_NAMES)]
+
+
+def test_empty_answers_and_sql_errors_are_statuses(certs, fleet):
+    addresses, _ = fleet
+    empty = fleet_query(addresses, "SELECT * FROM events WHERE op = 'none'", certs.client(), clock_samples=0)
+    assert {n.status for n in empty.nodes} == {"empty"} and empty.exit_code == EXIT_ALL_ANSWERED
+    refused = fleet_query(addresses, "DELETE FROM events", certs.client(), clock_samples=0)
+    assert {n.status for n in refused.nodes} == {"sql-error"}
+    assert all("read-only" in n.message for n in refused.nodes)
+    assert refused.exit_code == EXIT_NONE_ANSWERED
+
+
+def test_stopped_hung_and_unreachable_nodes_get_their_status_and_the_rest_answer(certs, fleet, tmp_path):
+    addresses, expected = fleet
+    stopped_db = tmp_path / "stopped.db"
+    make_node_db(stopped_db, "gpu-node-stopped", 0)
+    stopped = start_background(str(stopped_db), listen=f"{EXTRA_ADDRESSES[0]}:0", tls=certs.server(EXTRA_ADDRESSES[0]))
+    stopped_address = f"{EXTRA_ADDRESSES[0]}:{stopped.port}"
+    stopped.stop()
+    hung = SilentPeer(EXTRA_ADDRESSES[1])
+    dropping = DroppingPeer(EXTRA_ADDRESSES[2])
+    deadline_s = 6.0
+    try:
+        started = time.monotonic()
+        result = fleet_query(addresses + [stopped_address, hung.address, dropping.address], COUNT_SQL,
+                             certs.client(), timeout_s=1.5, deadline_s=deadline_s)
+        elapsed = time.monotonic() - started
+    finally:
+        hung.close()
+        dropping.close()
+    status = {n.address: n for n in result.nodes}
+    assert _by_node(result) == expected, "the answering nodes' rows all came back"
+    assert status[stopped_address].status == "refused"
+    assert status[hung.address].status == "timeout"
+    assert status[dropping.address].status == "unreachable"
+    for failed in (stopped_address, hung.address, dropping.address):
+        assert status[failed].message and status[failed].latency_ms is not None
+        assert status[failed].node is None
+    assert result.exit_code == EXIT_PARTIAL
+    assert elapsed < deadline_s + 1.0
+
+
+def test_the_whole_call_ends_by_its_deadline_even_if_a_peer_never_answers(certs, fleet):
+    addresses, _ = fleet
+    hung = SilentPeer(EXTRA_ADDRESSES[3])
+    try:
+        started = time.monotonic()
+        result = fleet_query([addresses[0], hung.address], COUNT_SQL, certs.client(), timeout_s=60, deadline_s=1.5)
+        elapsed = time.monotonic() - started
+    finally:
+        hung.close()
+    assert elapsed < 1.5 + 1.0, f"the call took {elapsed:.1f} s with a 1.5 s deadline"
+    hung_status = result.nodes[1]
+    assert hung_status.status == "timeout" and "deadline" in hung_status.message
+    assert result.nodes[0].status == "ok"
+    assert result.exit_code == EXIT_PARTIAL
+
+
+def test_no_node_answering_is_exit_code_4(certs):
+    dropping = DroppingPeer("127.0.0.1")
+    try:
+        result = fleet_query([dropping.address], "SELECT 1", certs.client(), timeout_s=0.5, deadline_s=3,
+                             clock_samples=0)
+    finally:
+        dropping.close()
+    assert result.nodes[0].status == "unreachable"
+    assert result.exit_code == EXIT_NONE_ANSWERED
+    assert result.columns == [] and result.rows == []
+
+
+# ---------------------------------------------------------------- clock offset
+
+SKEW_RUNNER = textwrap.dedent("""
+    import runpy, sys, time
+    import _time_machine, time_machine
+    SKEW_NS = 2_500_000_000
+    with time_machine.travel(time.time() + SKEW_NS / 1e9, tick=True) as traveller:
+        time.time_ns()   # starts the clock ticking
+        measured = time.time_ns() - _time_machine.original_time_ns()
+        traveller.shift((SKEW_NS - measured) / 1e9)
+        measured = time.time_ns() - _time_machine.original_time_ns()
+        print(f"skew_ns={measured}", file=sys.stderr, flush=True)
+        sys.argv = ["straggler"] + sys.argv[1:]
+        runpy.run_module("straggler.cli", run_name="__main__")
+""")
+
+
+def _read_until(proc, marker, timeout_s):
+    """Lines of the child's stderr until one contains marker (bounded)."""
+    lines, deadline = [], time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stderr], [], [], 0.5)
+        if ready:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            if marker in line:
+                return lines
+        elif proc.poll() is not None:
+            break
+    raise AssertionError(f"no {marker!r} from the agent within {timeout_s} s: {''.join(lines)}")
+
+
+def test_an_agent_whose_wall_clock_is_2_5s_ahead_is_measured_within_1ms(certs, fleet, tmp_path):
+    addresses, _ = fleet
+    db = tmp_path / "skewed.db"
+    make_node_db(db, "gpu-node-skewed", 0)
+    runner = tmp_path / "skewed_agent.py"
+    runner.write_text(SKEW_RUNNER)
+    proc = subprocess.Popen([sys.executable, str(runner), "serve", "--db", str(db), "--listen", f"{SKEWED_ADDRESS}:0",
+                             "--log-level", "WARNING"] + certs.tls_args(certs.server(SKEWED_ADDRESS)),
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=venv_env(), cwd=REPO)
+    try:
+        lines = _read_until(proc, "straggler serve: https://", 60)
+        skew_line = next(l for l in lines if l.startswith("skew_ns="))
+        assert abs(int(skew_line.split("=")[1]) - 2_500_000_000) < 50_000, "the test's own skew is set"
+        port = int(lines[-1].split("https://", 1)[1].split()[0].rsplit(":", 1)[1])
+        result = fleet_query([addresses[0], f"{SKEWED_ADDRESS}:{port}"], "SELECT count(*) AS n FROM events",
+                             certs.client(), timeout_s=10, deadline_s=20, clock_samples=8)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    skewed = result.nodes[1]
+    assert skewed.status == "ok" and skewed.node == "gpu-node-skewed"
+    offset_ns, uncertainty_ns = result.offsets["gpu-node-skewed"]
+    print(f"skewed agent: offset {offset_ns} ns ± {uncertainty_ns} ns")
+    assert abs(offset_ns - 2_500_000_000) < 1_000_000, f"offset {offset_ns} ns ± {uncertainty_ns}"
+    assert 0 < uncertainty_ns < 1_000_000_000
+    assert skewed.offset_flagged, "2.5 s is above the 5 ms threshold"
+    assert not result.nodes[0].offset_flagged
+    assert abs(result.offsets[NODE_NAMES[0]][0]) < 1_000_000
+
+
+# ---------------------------------------------------------------- the command line
+
+def test_fleet_cli_lists_the_nodes_that_did_not_answer_and_exits_3(certs, fleet, tmp_path):
+    addresses, expected = fleet
+    hung = SilentPeer("127.0.0.1")
+    node_file = tmp_path / "nodes.txt"
+    node_file.write_text("# the fleet\n" + "\n".join(addresses + [hung.address]) + "\n")
+    base = [sys.executable, "-m", "straggler.cli", "fleet", "query", "--nodes", str(node_file),
+            "--timeout", "1.5", "--deadline", "10"] + certs.tls_args(certs.client())
+    offsets_file = tmp_path / "offsets.json"
+    try:
+        as_json = subprocess.run(base + ["--json", "--offsets-out", str(offsets_file), COUNT_SQL],
+                                 capture_output=True, text=True, timeout=60, env=venv_env(), cwd=REPO)
+        human = subprocess.run(base + [COUNT_SQL], capture_output=True, text=True, timeout=60, env=venv_env(), cwd=REPO)
+    finally:
+        hung.close()
+    assert as_json.returncode == EXIT_PARTIAL, as_json.stderr
+    answer = json.loads(as_json.stdout)
+    assert answer["columns"] == ["node", "op", "n"]
+    assert len(answer["rows"]) == 12
+    assert [n["status"] for n in answer["nodes"]] == ["ok"] * 4 + ["timeout"]
+    assert set(answer["offsets"]) == set(NODE_NAMES)
+    assert set(json.loads(offsets_file.read_text())) == set(NODE_NAMES)
+    assert human.returncode == EXIT_PARTIAL
+    assert "did not answer: " + hung.address + " (timeout)" in human.stdout
+    for name in NODE_NAMES:
+        assert name in human.stdout
+
+
+def test_fleet_cli_csv_has_the_node_column(certs, fleet):
+    addresses, _ = fleet
+    out = subprocess.run([sys.executable, "-m", "straggler.cli", "fleet", "query", "--nodes", ",".join(addresses[:2]),
+                          "--csv", "--clock-samples", "0"] + certs.tls_args(certs.client()) +
+                         ["SELECT count(*) AS n FROM events"],
+                         capture_output=True, text=True, timeout=60, env=venv_env(), cwd=REPO)
+    assert out.returncode == EXIT_ALL_ANSWERED, out.stderr
+    assert out.stdout.splitlines() == ["node,n", "gpu-node-01,6", "gpu-node-02,12"]
+
+
+# ---------------------------------------------------------------- pure functions
+
+@pytest.mark.parametrize("samples,expected", [
+    # symmetric 2 ms round trip, node 2.5 s ahead
+    ([(1_000_000_000, 3_501_000_000, 1_002_000_000)], (2_500_000_000, 1_000_000)),
+    # the smallest round trip wins, whatever its position
+    ([(0, 5_000_000, 10_000_000), (20_000_000, 20_100_000, 20_200_000), (30_000_000, 31_000_000, 36_000_000)],
+     (0, 100_000)),
+    # a node behind us
+    ([(1_000, -4_000_000 + 1_500, 2_000)], (-4_000_000, 500)),
+    # samples with t_recv before t_send are ignored
+    ([(100, 0, 50), (0, 10, 20)], (0, 10)),
+    # real epoch nanoseconds: exact integers, no float rounding
+    ([(1_767_225_600_123_456_789, 1_767_225_602_623_456_790, 1_767_225_600_123_456_791)], (2_500_000_000, 1)),
+])
+def test_estimate_offset_picks_the_minimum_round_trip(samples, expected):
+    assert estimate_offset(samples) == expected
+
+
+def test_estimate_offset_without_usable_samples_raises():
+    with pytest.raises(ValueError):
+        estimate_offset([])
+    with pytest.raises(ValueError):
+        estimate_offset([(10, 5, 1)])
+
+
+def test_mono_to_real_interpolates_between_pairs_and_extends_beyond():
+    pairs = [(2_000, 1_000_002_000), (1_000, 1_000_000_000)]       # unsorted; rate 2x between them
+    assert mono_to_real(pairs, 1_000) == 1_000_000_000
+    assert mono_to_real(pairs, 1_500) == 1_000_001_000
+    assert mono_to_real(pairs, 500) == 999_999_500                  # before the first: its offset
+    assert mono_to_real(pairs, 3_000) == 1_000_003_000              # after the last: its offset
+    assert offset_of_pairs(pairs) == 1_000_000_000
+    with pytest.raises(ValueError):
+        mono_to_real([], 1)
+
+
+def test_parse_nodes_from_specs_files_and_ansible_inventories(tmp_path):
+    assert parse_nodes("10.0.0.1:7433, 10.0.0.2,10.0.0.1:7433") == ["10.0.0.1:7433", "10.0.0.2:7433"]
+    assert parse_nodes("[::1]:9000,::1") == ["[::1]:9000", "[::1]:7433"]
+    listing = tmp_path / "nodes"
+    listing.write_text("# comment\n10.0.0.5:1\n\n10.0.0.6\n")
+    assert parse_nodes(str(listing)) == ["10.0.0.5:1", "10.0.0.6:7433"]
+    ini = tmp_path / "inventory.ini"
+    ini.write_text(textwrap.dedent("""
+        [gpu]
+        gpu-node-01 ansible_host=10.213.7.11
+        gpu-node-02 ansible_host=10.213.7.12 straggler_agent_port=9999
+        gpu-node-[03:04]
+
+        [gpu:vars]
+        ansible_user=root
+
+        [all:children]
+        gpu
+    """))
+    assert parse_nodes(str(ini)) == ["10.213.7.11:7433", "10.213.7.12:9999", "gpu-node-03:7433", "gpu-node-04:7433"]
+    yml = tmp_path / "inventory.yml"
+    yml.write_text(textwrap.dedent("""
+        all:
+          children:
+            gpu:
+              hosts:
+                gpu-node-01: {ansible_host: 10.213.7.11}
+                gpu-node-02:
+          hosts:
+            gpu-node-09: {ansible_host: 10.213.7.19, straggler_agent_port: 7500}
+    """))
+    assert sorted(parse_nodes(str(yml))) == ["10.213.7.11:7433", "10.213.7.19:7500", "gpu-node-02:7433"]
+    with pytest.raises(StragglerError):
+        parse_nodes("host:notaport")
