@@ -173,16 +173,18 @@ class Demo:
                             f"after {result.seconds:.0f}s: see {log_path}\n{tail}")
         return result
 
-    def playbook(self, playbook, name, extra_vars=(), limit=None, ok_codes=(0,), timeout_s=300, show="tasks"):
+    def playbook(self, playbook, name, extra_vars=None, limit=None, ok_codes=(0,), timeout_s=300, show="tasks"):
+        """ansible-playbook playbooks/<playbook> against the test bed's inventory. The extra
+        variables go as one JSON -e (Ansible splits key=value on spaces, SQL has spaces)."""
         argv = [VENV_BIN / "ansible-playbook", f"playbooks/{playbook}", "-i", self.bed.inventory]
         if limit:
             argv += ["--limit", ":".join(limit)]
-        for var in extra_vars:
-            argv += ["-e", var]
+        if extra_vars:
+            argv += ["-e", json.dumps(extra_vars)]
         return self.command(argv, name, timeout_s=timeout_s, ok_codes=ok_codes, show=show)
 
-    def pki_vars(self):
-        return [f"straggler_pki_dir={self.pki_dir}"]
+    def pki_vars(self, **more):
+        return dict(straggler_pki_dir=str(self.pki_dir), **more)
 
     def tls_args(self):
         return ["--ca", self.pki_dir / "ca.crt", "--cert", self.pki_dir / "controller.crt",
@@ -191,22 +193,12 @@ class Demo:
     # ---------------------------------------------------------------- phases
     def deploy_agents(self, limit=None, ok_codes=(0,)):
         """trace.yml: PKI, agent install, tracing started (--scope netns) on every host."""
-        return self.playbook("trace.yml", "trace", ["scope=netns"] + self.pki_vars(), limit=limit or self.hosts,
+        return self.playbook("trace.yml", "trace", self.pki_vars(scope="netns"), limit=limit or self.hosts,
                              ok_codes=ok_codes, timeout_s=420)
 
     def stop_agents(self, limit=None):
-        return self.playbook("trace.yml", f"trace-stop-{self.n_runs}", ["state=stopped", "scope=netns"] + self.pki_vars(),
+        return self.playbook("trace.yml", "trace-stop", self.pki_vars(state="stopped", scope="netns"),
                              limit=limit or self.hosts, ok_codes=(0, 4), timeout_s=180, show=None)
-
-    def clear_agent_data(self):
-        """Stop the agents, remove each host's trace database, start them again (a fresh
-        trace for the next run of the job on the same test bed)."""
-        self.stop_agents()
-        for name in self.hosts:
-            db_dir = self.bed.host_dir(name) / "var/lib/straggler"
-            for path in db_dir.glob("straggler.db*"):
-                path.unlink()
-        return self.deploy_agents()
 
     def start_job(self, seconds, with_writer, writer_seconds=None, trainer_args=""):
         """torchrun on every host (one rank each) through that host's launcher, in the host's
@@ -310,8 +302,15 @@ class Demo:
         return stats
 
     def fleet_query(self, sql=FIELD_SQL, limit=None, name="fleet-query", ok_codes=(0,)):
-        return self.playbook("fleet_query.yml", name, [f"sql={sql}"] + self.pki_vars(), limit=limit or self.hosts,
-                             ok_codes=ok_codes, timeout_s=180, show=None)
+        """fleet_query.yml with the SQL; returns (command result, the results file as a dict)."""
+        results_dir = self.out / "results"
+        before = set(results_dir.glob("*.json")) if results_dir.exists() else set()
+        result = self.playbook("fleet_query.yml", name, self.pki_vars(sql=sql, results_dir=str(results_dir)),
+                               limit=limit or self.hosts, ok_codes=ok_codes, timeout_s=180, show=None)
+        new = sorted(set(results_dir.glob("*.json")) - before)
+        if not new:
+            raise DemoError(f"fleet_query.yml wrote no results file into {results_dir}: see {result.log_path}")
+        return result, json.loads(new[-1].read_text())
 
     def explain(self, nodes=None, name="explain"):
         """`straggler explain --nodes …` over HTTPS with the controller's client certificate:
@@ -326,7 +325,7 @@ class Demo:
         return text, report
 
     def collect(self, limit=None, ok_codes=(0,), name="collect"):
-        return self.playbook("collect.yml", name, [f"out={self.out}"] + self.pki_vars(), limit=limit or self.hosts,
+        return self.playbook("collect.yml", name, self.pki_vars(out=str(self.out)), limit=limit or self.hosts,
                              ok_codes=ok_codes, timeout_s=240, show=None)
 
 
@@ -458,8 +457,8 @@ def run_story(demo, args):
         demo.start_writer()
         _sleep_with_progress(p, args.straggle_s, demo)
 
-    p.step("ansible-playbook playbooks/fleet_query.yml -e sql=\"" + FIELD_SQL + "\"")
-    result = demo.fleet_query()
+    p.step("ansible-playbook playbooks/fleet_query.yml -e 'sql=\"" + FIELD_SQL + "\"'")
+    result, _ = demo.fleet_query()
     p.raw(_table_part(result.output))
 
     p.step(f"straggler explain --nodes <the 4 agents> (HTTPS, the controller's client certificate)")
