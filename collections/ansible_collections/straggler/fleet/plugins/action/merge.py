@@ -30,12 +30,17 @@ ARGUMENT_SPEC = dict(
 )
 
 
-def expand_sources(sources):
-    """Input database paths from files and directories (a directory: its *.db files, sorted)."""
+def expand_sources(sources, absent=None):
+    """Input database paths from files and directories (a directory: its *.db files, sorted).
+
+    A source that does not exist fails, unless `absent` is a list: then it is appended there
+    (check mode, where the task that would have made it did not run)."""
     inputs = []
     for source in sources:
         source = os.path.abspath(os.path.expanduser(source))
-        if os.path.isdir(source):
+        if absent is not None and not os.path.exists(source):
+            absent.append(source)
+        elif os.path.isdir(source):
             found = sorted(glob.glob(os.path.join(source, '*.db')))
             if not found:
                 raise AnsibleActionFail('%s holds no *.db files: collect the hosts\' databases first (straggler.fleet.collect)' % source)
@@ -86,7 +91,8 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         result = super(ActionModule, self).run(tmp, task_vars)
         dummy, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
-        inputs = expand_sources(args['src'])
+        absent = [] if self._task.check_mode else None
+        inputs = expand_sources(args['src'], absent)
         rename = rename_argument(args['rename'])
 
         offsets = {}
@@ -100,6 +106,8 @@ class ActionModule(ActionBase):
 
         if self._task.check_mode:
             result.update(changed=True, msg='would merge %d databases into %s' % (len(inputs), dest))
+            if absent:
+                result['msg'] += ' (and the databases in %s, which do not exist yet)' % ', '.join(absent)
             return result
         merge = import_core('analysis.merge')
         try:

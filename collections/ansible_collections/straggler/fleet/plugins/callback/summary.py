@@ -1,9 +1,9 @@
 # -*- coding: utf-8 -*-
 # Copyright: the straggler project
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Callback straggler.fleet.summary: at the end of each play, prints the tables that
+"""Callback straggler.fleet.summary: at the end of the run, prints the tables that
 straggler.fleet.aggregate and straggler.fleet.fleet_query tasks returned, with each host's
-status, beside whatever the stdout callback prints. It must not change results, and must not
+status, and straggler.fleet.explain's verdict, beside whatever the stdout callback prints. It must not change results, and must not
 write into a stdout meant for programs (the json/jsonl callbacks): there it prints to stderr."""
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 name: summary
 type: aggregate
-short_description: Print straggler's fleet tables and per-host status at the end of each play
+short_description: Print straggler's fleet tables and per-host status at the end of the run
 version_added: 0.1.0
 description:
-  - After each play, prints the table returned by every M(straggler.fleet.aggregate) and M(straggler.fleet.fleet_query)
-    task of the play, then a status line per host or node (unreachable and failed ones with their message), and the
-    missing hosts.
+  - At the end of the run, after the recap, prints the table returned by every M(straggler.fleet.aggregate) and
+    M(straggler.fleet.fleet_query) task, titled with its play and task names, then a status line per host or node
+    (unreachable and failed ones with their message), and the missing hosts; and the verdict and ranked findings
+    of every M(straggler.fleet.explain) task.
   - Tables are drawn with C(rich) when it is installed on the controller, else as aligned plain text.
   - Works beside any stdout callback. When the stdout callback writes JSON for programs (C(json), C(jsonl),
     C(ansible.posix.json)), the summary goes to stderr so the JSON stays parseable; notification callbacks such as
@@ -59,6 +60,7 @@ from ansible.plugins.callback import CallbackBase
 SUMMARISED_ACTIONS = {
     'straggler.fleet.aggregate': 'aggregate',
     'straggler.fleet.fleet_query': 'fleet_query',
+    'straggler.fleet.explain': 'explain',
 }
 MACHINE_READABLE_STDOUT = ('json', 'jsonl')
 
@@ -116,8 +118,24 @@ def status_table(kind, result):
     return columns, rows
 
 
+def explain_text(title, result, max_rows=50, width=None):
+    """explain's verdict: its one line, the ranked findings, the nodes it could not ask."""
+    parts = ['%s: %s\n' % (title, result.get('msg') or 'no report')]
+    findings = result.get('findings') or []
+    if findings:
+        rows = [[index, finding.get('severity'), finding.get('node'), finding.get('cause'), finding.get('summary')]
+                for index, finding in enumerate(findings[:max_rows] if max_rows >= 0 else findings, 1)]
+        parts.append(table_text(['#', 'severity', 'node', 'cause', 'summary'], rows, title='findings', width=width))
+    for missing in result.get('missing') or []:
+        if hasattr(missing, 'get'):
+            parts.append('missing: %s (%s): %s\n' % (missing.get('node'), missing.get('status'), missing.get('message')))
+    return ''.join(parts)
+
+
 def summary_text(kind, title, result, max_rows=50, width=None):
     """The text printed for one summarised task result."""
+    if kind == 'explain':
+        return explain_text(title, result, max_rows, width)
     columns = list(result.get('columns') or [])
     rows = [list(row) for row in result.get('rows') or []]
     parts = []
@@ -191,7 +209,6 @@ class CallbackModule(CallbackBase):
         self._display.display(text.getvalue().rstrip('\n'), stderr=(output == 'stderr'))
 
     def v2_playbook_on_play_start(self, play):
-        self._flush()
         self._play_name = play.get_name().strip()
 
     def v2_runner_on_ok(self, result):

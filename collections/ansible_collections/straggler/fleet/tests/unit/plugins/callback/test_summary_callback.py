@@ -109,16 +109,19 @@ def test_printed_to_stderr_when_stdout_is_json(monkeypatch):
     assert display.calls and all(to_stderr for dummy, to_stderr in display.calls)
 
 
-def test_each_play_is_printed_when_the_next_one_starts(monkeypatch):
+def test_every_play_is_printed_at_the_end_of_the_run_with_its_name(monkeypatch):
     monkeypatch.setattr(summary.C, 'DEFAULT_STDOUT_CALLBACK', 'default', raising=False)
     callback, display = make_callback()
-    play = mock.MagicMock()
-    play.get_name.return_value = 'query the fleet'
-    callback.v2_playbook_on_play_start(play)
-    callback.v2_runner_on_failed(fake_result('straggler.fleet.fleet_query', dict(failed=True, msg='no node answered', nodes=[])))
-    callback.v2_playbook_on_play_start(play)
-    assert len(display.calls) == 1 and 'query the fleet: table' in display.calls[0][0]
-    assert 'no node answered' in display.calls[0][0]
+    for name in ('query the fleet', 'analyse'):
+        play = mock.MagicMock()
+        play.get_name.return_value = name
+        callback.v2_playbook_on_play_start(play)
+        callback.v2_runner_on_failed(fake_result('straggler.fleet.fleet_query', dict(failed=True, msg='no node answered', nodes=[])))
+    assert display.calls == []
+    callback.v2_playbook_on_stats(mock.MagicMock())
+    (text, dummy), = display.calls
+    assert text.index('query the fleet: table') < text.index('analyse: table')
+    assert 'no node answered' in text
 
 
 def test_output_off_prints_nothing():
@@ -135,3 +138,14 @@ def test_forced_stderr_and_max_rows_options_apply(monkeypatch):
     callback.v2_playbook_on_stats(mock.MagicMock())
     (text, to_stderr), = display.calls
     assert to_stderr is True and '... 1 more rows (2 in all)' in text
+
+
+def test_explain_verdict_and_findings_are_shown():
+    result = dict(msg='straggler: gpu2: launches 3x slower', straggler='gpu2',
+                  findings=[dict(severity='critical', node='gpu2', cause='straggler', summary='launches 3x slower'),
+                            dict(severity='warning', node='gpu2', cause='cpu-contention', summary='ckpt-writer took the CPU')],
+                  missing=[dict(node='gpu5', status='unreachable', message='timed out')])
+    text = summary_text('explain', 'explain', result)
+    assert text.startswith('explain: straggler: gpu2: launches 3x slower')
+    assert 'cpu-contention' in text and 'ckpt-writer took the CPU' in text
+    assert 'missing: gpu5 (unreachable): timed out' in text

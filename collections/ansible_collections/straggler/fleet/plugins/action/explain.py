@@ -1,0 +1,131 @@
+# -*- coding: utf-8 -*-
+# Copyright: the straggler project
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Action plugin straggler.fleet.explain: the core's straggler.analysis.explain on the
+controller, once per play, on a database (a merged cluster.db) or live on the agents. It writes
+the report's own JSON/Markdown/JUnit renderings where asked and fails the task on a straggler
+when told to; finding the straggler is the core's job and must not be second-guessed here."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import (
+    DEFAULT_AGENT_PORT,
+    core_error_types,
+    default_nodes,
+    import_core,
+    plain,
+    play_hosts,
+    write_if_changed,
+)
+
+ARGUMENT_SPEC = dict(
+    db=dict(type='path'),
+    nodes=dict(type='list', elements='str'),
+    hosts=dict(type='list', elements='str'),
+    port=dict(type='int', default=DEFAULT_AGENT_PORT),
+    ca=dict(type='path'),
+    cert=dict(type='path'),
+    key=dict(type='path', no_log=False),
+    no_tls=dict(type='bool', default=False),
+    timeout=dict(type='float'),
+    deadline=dict(type='float'),
+    k=dict(type='float'),
+    min_ratio=dict(type='float'),
+    baseline_fraction=dict(type='float'),
+    fail_on_straggler=dict(type='bool', default=False),
+    junit=dict(type='path'),
+    markdown=dict(type='path'),
+    dest=dict(type='path'),
+)
+
+
+def explain_options(args):
+    """The core's explain options from the task's (unset ones keep the core's defaults)."""
+    options = {}
+    for name in ('k', 'min_ratio', 'baseline_fraction'):
+        if args.get(name) is not None:
+            options[name] = args[name]
+    if args.get('timeout') is not None:
+        options['timeout_s'] = args['timeout']
+    return options
+
+
+def report_message(report_dict):
+    """One line: the straggler and its main finding, or that there is none."""
+    straggler = report_dict.get('straggler')
+    if not straggler:
+        return 'no straggler found'
+    for finding in report_dict.get('findings') or []:
+        if finding.get('node') == straggler and finding.get('cause') == 'straggler':
+            return 'straggler: %s: %s' % (straggler, finding.get('summary'))
+    return 'straggler: %s' % straggler
+
+
+class ActionModule(ActionBase):
+
+    BYPASS_HOST_LOOP = True
+    TRANSFERS_FILES = False
+    _requires_connection = False
+    _supports_check_mode = True
+
+    def _run_explain(self, args, task_vars):
+        explain = import_core('analysis.explain')
+        options = explain_options(args)
+        if args['db']:
+            db = os.path.abspath(os.path.expanduser(args['db']))
+            if not os.path.isfile(db):
+                raise AnsibleActionFail('%s: no such database; collect and merge first, or give nodes' % db)
+            return explain.explain_db(db, **options)
+        nodes = list(args['nodes'] or [])
+        if not nodes:
+            nodes, dummy = default_nodes(task_vars, play_hosts(task_vars, args['hosts']), args['port'])
+        if not nodes:
+            raise AnsibleActionFail('no nodes to explain: give db, nodes or hosts')
+        tls = import_core('tls')
+        tls_files = dict((name, args[name]) for name in ('ca', 'cert', 'key') if args[name])
+        if args['deadline'] is not None:
+            options['deadline_s'] = args['deadline']
+        return explain.explain_fleet(nodes, tls.TLSOptions(no_tls=args['no_tls'], **tls_files), **options)
+
+    def run(self, tmp=None, task_vars=None):
+        task_vars = task_vars or {}
+        result = super(ActionModule, self).run(tmp, task_vars)
+        dummy, args = self.validate_argument_spec(
+            argument_spec=ARGUMENT_SPEC,
+            mutually_exclusive=[('db', 'nodes', 'hosts')],
+        )
+        if self._task.check_mode and args['db'] and not os.path.exists(os.path.expanduser(args['db'])):
+            result.update(skipped=True, changed=False,
+                          msg='check mode: %s does not exist yet (the tasks that make it did not run)' % args['db'])
+            return result
+        try:
+            report = self._run_explain(args, task_vars)
+        except core_error_types() as exc:
+            raise AnsibleActionFail('explain failed: %s' % exc) from None
+
+        report_dict = plain(json.loads(json.dumps(report.to_dict(), default=str)))
+        outputs = []
+        for name, render in (('dest', lambda: json.dumps(report_dict, indent=2) + '\n'),
+                             ('markdown', report.to_markdown),
+                             ('junit', report.to_junit)):
+            if args[name]:
+                if write_if_changed(args[name], render(), check_mode=self._task.check_mode):
+                    outputs.append(args[name])
+        result.update(
+            changed=bool(outputs),
+            written=outputs,
+            report=report_dict,
+            straggler=report_dict.get('straggler'),
+            findings=report_dict.get('findings', []),
+            missing=report_dict.get('missing', []),
+            msg=report_message(report_dict),
+        )
+        if args['fail_on_straggler'] and result['straggler']:
+            result['failed'] = True
+        return result

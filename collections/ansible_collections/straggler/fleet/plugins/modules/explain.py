@@ -1,0 +1,172 @@
+# -*- coding: utf-8 -*-
+# Copyright: the straggler project
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# Documentation only: straggler.fleet.explain is an action plugin (plugins/action/explain.py)
+# that runs on the controller.
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: explain
+short_description: Name the straggler node of a training job and say why, on the controller
+version_added: 0.1.0
+description:
+  - Runs the core's explain (C(straggler explain)) on a database, usually the cluster database from
+    M(straggler.fleet.merge), or live on the agents over HTTPS (mutual TLS) with O(nodes) or O(hosts).
+  - Returns the report, ranked findings, each with its numbers, the SQL behind them and a recommendation, and the
+    straggler's node name (null when there is none).
+  - Writes the report as JSON (O(dest)), Markdown (O(markdown)) and JUnit XML (O(junit)) when asked. With
+    O(fail_on_straggler) the task fails when a straggler is found, after writing them, which makes a CI
+    pipeline red.
+  - Runs once per play on the controller (like C(run_once)), whatever the play's hosts. It only reads.
+author:
+  - The straggler project (!UNKNOWN)
+requirements:
+  - The straggler package importable by the Python that runs Ansible on the controller.
+options:
+  db:
+    description:
+      - The database to explain (a merged cluster database, or one node's store).
+      - Mutually exclusive with O(nodes) and O(hosts). Without any of the three, the play's hosts' agents are asked live.
+    type: path
+  nodes:
+    description:
+      - Explain live, asking these agents (C(host:port)).
+    type: list
+    elements: str
+  hosts:
+    description:
+      - Explain live, asking the agents of these inventory hosts (at C(ansible_host) and O(port)).
+    type: list
+    elements: str
+  port:
+    description:
+      - The agents' API port, for agents built from the inventory.
+    type: int
+    default: 7433
+  ca:
+    description:
+      - The fleet CA certificate (live explain). Default as for C(straggler explain).
+    type: path
+  cert:
+    description:
+      - The controller's client certificate (live explain). Default as for C(straggler explain).
+    type: path
+  key:
+    description:
+      - The private key of O(cert) (live explain). Default as for C(straggler explain).
+    type: path
+  no_tls:
+    description:
+      - Plain HTTP to agents started with C(--no-tls) (tests only).
+    type: bool
+    default: false
+  timeout:
+    description:
+      - Seconds each query may take (default 300 on a database, 30 live).
+    type: float
+  deadline:
+    description:
+      - Seconds one fan-out to the agents may take (live explain).
+    type: float
+  k:
+    description:
+      - A node is an outlier when it is more than O(k) robust deviations above the other nodes' median
+        (the core's default when not set, 3).
+    type: float
+  min_ratio:
+    description:
+      - ... and at least this many times that median (the core's default when not set, 1.5).
+    type: float
+  baseline_fraction:
+    description:
+      - The first part of each node's trace that serves as its own baseline (the core's default when not set, 0.25).
+    type: float
+  fail_on_straggler:
+    description:
+      - Fail the task when a straggler is found (after writing O(dest), O(markdown) and O(junit)).
+    type: bool
+    default: false
+  junit:
+    description:
+      - Write the report as JUnit XML here (one test case per node, failing for the straggler and for missing nodes).
+    type: path
+  markdown:
+    description:
+      - Write the report as Markdown here.
+    type: path
+  dest:
+    description:
+      - Write the report as JSON here.
+    type: path
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
+attributes:
+  action:
+    support: full
+  async:
+    support: none
+  bypass_host_loop:
+    support: full
+  check_mode:
+    support: full
+    details: Explains (read-only) and reports whether the files would change without writing them.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+seealso:
+  - module: straggler.fleet.merge
+  - module: straggler.fleet.fleet_query
+"""
+
+EXAMPLES = r"""
+- name: Explain the merged cluster database; fail the pipeline on a straggler
+  straggler.fleet.explain:
+    db: results/cluster.db
+    fail_on_straggler: true
+    junit: results/straggler-junit.xml
+    markdown: results/straggler.md
+  register: straggler_report
+
+- name: Explain live on the agents of the gpu group
+  straggler.fleet.explain:
+    hosts: "{{ groups['gpu'] }}"
+    ca: .pki/ca.crt
+    cert: .pki/controller.crt
+    key: .pki/controller.key
+"""
+
+RETURN = r"""
+straggler:
+  description: The straggler's node name, or null when there is none.
+  returned: success
+  type: str
+  sample: gpu-node-03
+findings:
+  description: Ranked findings (severity, node, cause, summary, numbers, sql, sources, recommendation, share).
+  returned: success
+  type: list
+  elements: dict
+missing:
+  description: Nodes that could not be asked (live explain), each with node, status and message.
+  returned: success
+  type: list
+  elements: dict
+report:
+  description: The whole report (straggler, findings, per-node summary rows, missing nodes, source, options, seconds).
+  returned: success
+  type: dict
+written:
+  description: The files written (O(dest), O(markdown), O(junit)) whose content changed.
+  returned: success
+  type: list
+  elements: str
+msg:
+  description: One line naming the straggler and the main finding, or saying that there is none.
+  returned: always
+  type: str
+  sample: 'straggler: gpu-node-03: ...'
+"""

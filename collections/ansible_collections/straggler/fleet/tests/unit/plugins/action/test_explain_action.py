@@ -1,0 +1,91 @@
+# -*- coding: utf-8 -*-
+# Copyright: the straggler project
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""explain: the core's explain on synthetic jobs (one straggler, or none), the report files, and
+failing the task for CI."""
+
+from __future__ import annotations
+
+import json
+from xml.etree import ElementTree
+
+import pytest
+
+from ansible.errors import AnsibleActionFail
+
+from ansible_collections.straggler.fleet.plugins.action.explain import ActionModule, explain_options
+
+
+def synthetic_cluster(path, scenario):
+    from straggler.analysis import synth
+    synth.write_cluster(str(path), synth.SynthSpec(nodes=3, events=6000, scenario=scenario, straggler=1))
+    return str(path)
+
+
+@pytest.fixture(scope='module')
+def straggling_cluster(tmp_path_factory):
+    return synthetic_cluster(tmp_path_factory.mktemp('io') / 'cluster.db', 'io_cpu')
+
+
+def run(action_factory, args, check_mode=False, task_vars=None):
+    return action_factory(ActionModule, args, check_mode=check_mode).run(task_vars=task_vars or {})
+
+
+def test_the_straggler_is_named_with_findings_and_files(action_factory, straggling_cluster, tmp_path):
+    junit, markdown, dest = tmp_path / 'junit.xml', tmp_path / 'report.md', tmp_path / 'report.json'
+    result = run(action_factory, dict(db=straggling_cluster, junit=str(junit), markdown=str(markdown), dest=str(dest)))
+    assert not result.get('failed'), result
+    assert result['straggler'] == 'gpu-node-02'
+    assert result['msg'].startswith('straggler: gpu-node-02: ')
+    assert result['findings'][0]['cause'] == 'straggler' and result['findings'][0]['sql']
+    assert result['changed'] is True and sorted(result['written']) == sorted([str(dest), str(markdown), str(junit)])
+    suite = ElementTree.parse(str(junit)).getroot()
+    assert suite.get('failures') == '1'
+    assert 'gpu-node-02' in markdown.read_text()
+    assert json.loads(dest.read_text())['straggler'] == 'gpu-node-02'
+
+
+def test_fail_on_straggler_fails_the_task_after_writing_the_junit(action_factory, straggling_cluster, tmp_path):
+    junit = tmp_path / 'junit.xml'
+    result = run(action_factory, dict(db=straggling_cluster, fail_on_straggler=True, junit=str(junit)))
+    assert result['failed'] is True and result['straggler'] == 'gpu-node-02'
+    assert junit.exists()
+
+
+def test_a_clean_job_has_no_straggler_and_does_not_fail(action_factory, tmp_path):
+    cluster = synthetic_cluster(tmp_path / 'clean.db', 'clean')
+    result = run(action_factory, dict(db=cluster, fail_on_straggler=True))
+    assert not result.get('failed'), result
+    assert result['straggler'] is None and result['msg'] == 'no straggler found'
+    assert result['changed'] is False
+
+
+def test_check_mode_explains_but_writes_nothing(action_factory, straggling_cluster, tmp_path):
+    junit = tmp_path / 'junit.xml'
+    result = run(action_factory, dict(db=straggling_cluster, junit=str(junit)), check_mode=True)
+    assert result['straggler'] == 'gpu-node-02' and result['changed'] is True and not junit.exists()
+
+
+def test_live_explain_asks_the_agents(action_factory, tmp_path):
+    from straggler.analysis import synth
+    from straggler.api.server import start_background
+    from straggler.tls import TLSOptions
+    facts = synth.write_nodes(str(tmp_path), synth.SynthSpec(nodes=3, events=6000, scenario='io_cpu', straggler=1))
+    handles = [start_background(entry['path'], listen='127.0.0.1:0', tls=TLSOptions(no_tls=True)) for entry in facts['files']]
+    try:
+        result = run(action_factory, dict(nodes=['127.0.0.1:%d' % handle.port for handle in handles], no_tls=True, timeout=30))
+    finally:
+        for handle in handles:
+            handle.stop()
+    assert result['straggler'] == 'gpu-node-02', result['msg']
+
+
+def test_a_missing_database_and_conflicting_sources_are_refused(action_factory, tmp_path):
+    with pytest.raises(AnsibleActionFail, match='no such database'):
+        run(action_factory, dict(db=str(tmp_path / 'none.db')))
+    with pytest.raises(AnsibleActionFail, match='mutually exclusive'):
+        run(action_factory, dict(db='x.db', nodes=['h:1']))
+
+
+def test_only_given_tuning_options_reach_the_core():
+    assert explain_options(dict(k=4.0, min_ratio=None, baseline_fraction=None, timeout=12.0)) == dict(k=4.0, timeout_s=12.0)
