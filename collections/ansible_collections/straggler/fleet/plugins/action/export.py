@@ -1,0 +1,74 @@
+# -*- coding: utf-8 -*-
+# Copyright: the straggler project
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Action plugin straggler.fleet.export: the core's straggler.analysis.export.export_perfetto on
+the controller, once per play. It passes the options through and reports the file; building the
+timeline is the core's job and must not happen here."""
+
+from __future__ import annotations
+
+import os
+
+from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import (
+    core_error_types,
+    import_core,
+    plain,
+)
+
+ARGUMENT_SPEC = dict(
+    db=dict(type='path', required=True),
+    dest=dict(type='path', required=True),
+    format=dict(type='str', default='perfetto', choices=['perfetto']),
+    since=dict(type='raw'),
+    until=dict(type='raw'),
+    node=dict(type='list', elements='str'),
+)
+
+
+def export_arguments(args):
+    """The core's keyword arguments: only the cuts that were given."""
+    keywords = {}
+    for name in ('since', 'until'):
+        if args.get(name) not in (None, ''):
+            keywords[name] = args[name]
+    if args.get('node'):
+        keywords['nodes'] = list(args['node'])
+    return keywords
+
+
+class ActionModule(ActionBase):
+
+    BYPASS_HOST_LOOP = True
+    TRANSFERS_FILES = False
+    _requires_connection = False
+    _supports_check_mode = True
+
+    def run(self, tmp=None, task_vars=None):
+        task_vars = task_vars or {}
+        result = super(ActionModule, self).run(tmp, task_vars)
+        dummy, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        db = os.path.abspath(os.path.expanduser(args['db']))
+        dest = os.path.abspath(os.path.expanduser(args['dest']))
+        result.update(db=db, dest=dest, format=args['format'])
+        if not os.path.isfile(db):
+            if self._task.check_mode:
+                result.update(skipped=True, changed=False,
+                              msg='check mode: %s does not exist yet (the tasks that make it did not run)' % db)
+                return result
+            raise AnsibleActionFail('%s: no such database; merge the collected databases first (straggler.fleet.merge)' % db)
+        if self._task.check_mode:
+            result.update(changed=True, msg='would export %s to %s' % (db, dest))
+            return result
+        export = import_core('analysis.export')
+        try:
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            summary = export.export_perfetto(db, dest, **export_arguments(args))
+        except core_error_types() as exc:
+            raise AnsibleActionFail('export failed: %s' % exc) from None
+        result.update(changed=True, size=os.path.getsize(dest), msg='exported %s to %s' % (db, dest))
+        if isinstance(summary, dict):
+            result['summary'] = plain(summary)
+        return result
