@@ -33,6 +33,9 @@ def build_arg_parser():
     p.add_argument("--writer-cpu", type=int, default=None)
     p.add_argument("--writer-seconds", type=float, default=60.0)
     p.add_argument("--writer-dir", default="/var/tmp/straggler-ckpt")
+    p.add_argument("--autogroup-nice", type=int, default=None,
+                   help="nice value of this job's scheduling autogroup (/proc/self/autogroup; the session's share "
+                        "of the CPU against other sessions)")
     p.add_argument("--max-seconds", type=float, default=600.0, help="hard limit on this launcher's life")
     return p
 
@@ -57,6 +60,12 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
+    if args.autogroup_nice is not None:
+        try:
+            with open("/proc/self/autogroup", "w") as f:
+                f.write(str(args.autogroup_nice))
+        except OSError as exc:
+            print(f"[node rank {args.rank}] autogroup nice not set: {exc}", flush=True)
     trainer = subprocess.Popen(trainer_cmd, env=env, stdin=subprocess.DEVNULL)
     children.append(trainer)
     writer = None
