@@ -204,7 +204,7 @@ def normalize_offsets(data, where="offsets"):
     return out
 
 
-def _clock_segments(pairs):
+def clock_segments(pairs):
     """Piecewise-linear mono -> realtime from the node's clock pairs, via clock.mono_to_real at the knots.
 
     Returns rows (lo_mono, knot_mono, base, slope_minus_1): for lo_mono <= ts < next lo,
@@ -268,7 +268,7 @@ def _copy_input(conn, path, plan, offsets, summary):
                 source = "input"
             else:
                 off, unc, source, measured_at = 0, None, "none", None
-            segs = _clock_segments(pairs)
+            segs = clock_segments(pairs)
             conn.executemany("INSERT INTO temp.segs VALUES (?,?,?,?,?)",
                              [(old, lo, knot, base - off, slope) for lo, knot, base, slope in segs])
             alignment[new] = dict(offset_ns=off, uncertainty_ns=unc, source=source, clock_pairs=len(pairs),

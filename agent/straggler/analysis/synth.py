@@ -118,7 +118,7 @@ def _healthy_step(t, period_us):
         t.call(MAIN, "driver", "cuLaunchKernel", 400 + k * 900, 40, 30)
     t.runq(MAIN, 5200, 400, 500, preempted_by=sibling)
     t.call(MAIN, "cuda", "cudaMemcpyAsync", 6000, 30, 20)
-    t.call(MAIN, "cuda", "cudaStreamSynchronize", 6500, 6000, 800)
+    t.call(MAIN, "cuda", "cudaStreamSynchronize", 6500, 6000, 400)
     t.blocked(MAIN, 6520, 5000)
     t.runq(MAIN, 11520, 300, 400)
     t.call(MAIN, "nccl", "ncclAllReduce", 13000, 4500 + wait, 1500)
