@@ -1,0 +1,429 @@
+"""`straggler trace`: the node agent. Traces CUDA/NCCL calls, scheduling and block I/O with BCC
+into the node's SQLite store, until --duration ends or SIGTERM/SIGINT (then it flushes and
+exits 0).
+
+Flow (one way): probes (bpf/, probes/) -> this loop (drain, decode, stamp ranks, aggregate per
+interval) -> store/writer.py (one writer thread) -> SQLite. Every `--interval` seconds it writes
+the interval's aggregates, lost events, its own cost and a clock pair. Every `--rescan` seconds
+it looks in /proc for new targets, scope members and CUDA libraries (attached at once, no
+restart). When all probes are attached it prints ONE line to stderr, the ready signal:
+
+    straggler: tracing (N probes) node=NODE db=PATH
+
+Which calls get a row is straggler.probes.RECORD_RULE (also in --help).
+This module must not be imported by anything but the CLI: it starts threads and BPF.
+"""
+import argparse
+import json
+import os
+import resource
+import signal
+import socket
+import sys
+import time
+
+from . import __version__
+from .errors import StragglerError, UsageError
+from .probes import RECORD_RULE
+
+DEFAULT_DB = "/var/lib/straggler/straggler.db"
+DRAIN_PERIOD_S = 0.05
+
+
+def add_arguments(parser):
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = (RECORD_RULE + "\n\nReady signal: once every probe is attached, one line on stderr:\n"
+                     "  straggler: tracing (N probes) node=NODE db=PATH\n"
+                     "SIGTERM/SIGINT: flush and exit 0. Needs root.")
+    parser.add_argument("--node", help="node name stamped on every event (default: the hostname; no ':')")
+    parser.add_argument("--db", default=DEFAULT_DB, help=f"SQLite database (default {DEFAULT_DB})")
+    parser.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: until SIGTERM/SIGINT)")
+    parser.add_argument("--pid", type=int, action="append", default=[], metavar="PID",
+                        help="trace this process and its children (repeatable)")
+    parser.add_argument("--comm", action="append", default=[], metavar="PATTERN",
+                        help="trace processes whose name matches this glob (repeatable). Default without --pid/--comm: "
+                             "every process that maps a CUDA library")
+    parser.add_argument("--cuda-lib", action="append", default=[], metavar="PATH",
+                        help="also attach to this CUDA/NCCL library (repeatable); libraries mapped by processes and in "
+                             "the usual install paths are found without it")
+    parser.add_argument("--scope", choices=["host", "netns"], default="host",
+                        help="host: every process (default); netns: only processes in the agent's network namespace")
+    parser.add_argument("--record-all", action="store_true", help="a row for every call (see below)")
+    parser.add_argument("--sample", type=int, default=100, metavar="N",
+                        help="also record a random 1 in N of the other calls (default 100; 0: none)")
+    parser.add_argument("--slow-factor", type=float, default=8.0, metavar="F",
+                        help="a call >= F x the running median of its op is slow (default 8)")
+    parser.add_argument("--slow-floor-us", type=float, default=10000.0, metavar="US",
+                        help="a call >= US microseconds is always slow (default 10000)")
+    parser.add_argument("--interval", type=float, default=5.0, metavar="S",
+                        help="aggregation / cost / clock-pair interval, and the unit of retention (default 5)")
+    parser.add_argument("--rescan", type=float, default=2.0, metavar="S",
+                        help="look for new processes and libraries every S seconds (default 2)")
+    parser.add_argument("--max-db", default="1G", metavar="BYTES",
+                        help="keep the database (with its WAL) under this size, dropping the oldest whole intervals "
+                             "(default 1G; K/M/G suffixes; 0: no limit)")
+    parser.add_argument("--max-age", type=float, metavar="S", help="drop data older than S seconds")
+    parser.add_argument("--ringbuf-kb", type=int, default=8192, metavar="KB",
+                        help="size of the ring buffer for calls (default 8192)")
+    parser.add_argument("--sys-ringbuf-kb", type=int, default=4096, metavar="KB",
+                        help="size of the ring buffer for scheduling, block I/O and process events (default 4096)")
+    parser.add_argument("--listen", metavar="ADDR:PORT",
+                        help="also serve the database's API while tracing (as `straggler serve`)")
+    try:
+        from . import tls
+        tls.add_tls_arguments(parser)
+    except ImportError:  # the API part is optional for tracing
+        pass
+
+
+class Options:
+    """Validated settings of one agent run."""
+
+    def __init__(self, args):
+        from .store.writer import parse_size
+        self.node = args.node or socket.gethostname()
+        if not self.node or ":" in self.node or any(c.isspace() for c in self.node):
+            raise UsageError(f"--node {self.node!r}: a node name must be non-empty, without ':' or spaces "
+                             "(event ids are NODE:SEQ)")
+        self.db = args.db
+        self.duration = args.duration
+        self.pids = list(args.pid)
+        for pid in self.pids:
+            if not os.path.exists(f"/proc/{pid}"):
+                raise UsageError(f"--pid {pid}: no such process; check the pid (ps -p {pid})")
+        self.comms = list(args.comm)
+        self.cuda_libs = []
+        for path in args.cuda_lib:
+            if not os.path.isfile(path):
+                raise UsageError(f"--cuda-lib {path}: no such file; give the path of libcuda.so.1, libcudart.so.* "
+                                 "or libnccl.so.*")
+            self.cuda_libs.append(os.path.abspath(path))
+        self.scope = args.scope
+        self.record_all = args.record_all
+        if args.sample < 0 or args.interval <= 0 or args.rescan <= 0 or args.slow_factor <= 0:
+            raise UsageError("--sample must be >= 0; --interval, --rescan and --slow-factor > 0")
+        self.sample = args.sample
+        self.slow_factor = args.slow_factor
+        self.slow_floor_ns = int(args.slow_floor_us * 1000)
+        self.interval_ns = int(args.interval * 1e9)
+        self.rescan_s = args.rescan
+        max_db = parse_size(args.max_db)
+        self.max_db = max_db or None
+        self.max_age_ns = int(args.max_age * 1e9) if args.max_age else None
+        self.ringbuf_kb = args.ringbuf_kb
+        self.sys_ringbuf_kb = args.sys_ringbuf_kb
+        self.listen = args.listen
+        self.args = args
+
+
+class Agent:
+    """One tracing run: probes + targets + writer, driven by run()."""
+
+    def __init__(self, opts: Options):
+        self.opts = opts
+        self.stop_requested = False
+        self.processes = {}        # tgid -> ProcessInfo (targets)
+        self.other_ranks = {}      # pid -> (rank, local_rank) of non-target pids (block submitters)
+        self.raw_records = []
+        self.scope_known = set()
+        self.op_hist = {}          # op_id -> decayed histogram of all calls (for the slow threshold)
+        self.api = None
+
+    # ---- identity --------------------------------------------------------------------------
+    def rank_of(self, pid):
+        info = self.processes.get(pid)
+        if info is not None:
+            return info.rank, info.local_rank
+        ranks = self.other_ranks.get(pid)
+        if ranks is None:
+            from .probes.targets import read_torchrun_env
+            env = read_torchrun_env(pid)
+            ranks = (_int(env.get("RANK")), _int(env.get("LOCAL_RANK")))
+            if len(self.other_ranks) > 50000:
+                self.other_ranks.clear()
+            self.other_ranks[pid] = ranks
+        return ranks
+
+    def _track(self, tgid, now_ns):
+        """Make tgid a known target (BPF maps + processes table). False if it is gone already."""
+        from .probes.targets import ProcessInfo, thread_ids
+        if tgid in self.processes and self.processes[tgid].exited is None:
+            return True
+        info = ProcessInfo.read(tgid, now_ns)
+        if info is None:
+            return False
+        self.processes[tgid] = info
+        self.other_ranks.pop(tgid, None)
+        self.probes.add_target(tgid, thread_ids(tgid))
+        return True
+
+    # ---- start-up -------------------------------------------------------------------------------
+    def start(self):
+        from .clock import read_clock_pair
+        from .probes.loader import Probes, check_environment
+        from .probes.records import Decoder
+        from .probes.targets import TargetFinder
+        from .store.writer import StoreWriter
+        opts = self.opts
+        check_environment()
+        self.writer = StoreWriter(opts.db, opts.node, interval_ns=opts.interval_ns, max_db_bytes=opts.max_db,
+                                  max_age_ns=opts.max_age_ns)
+        self.finder = TargetFinder(pids=opts.pids, comm_patterns=opts.comms, scope=opts.scope)
+        self.probes = Probes(call_ringbuf_kib=opts.ringbuf_kb, sys_ringbuf_kib=opts.sys_ringbuf_kb)
+        self.decoder = Decoder(self.rank_of)
+        self.probes.attach_tracepoints()
+        self.probes.set_config(record_all=opts.record_all, sample_n=opts.sample, scope_all=opts.scope == "host",
+                               auto_target=self.finder.by_maps, notify_exec=bool(opts.comms), self_tgid=os.getpid())
+        from .probes import symbols
+        for op_id in range(len(symbols.OPS)):
+            self.probes.set_slow_threshold(op_id, opts.slow_floor_ns)
+        self.probes.open_ring_buffers(self.raw_records.append)
+
+        now = time.monotonic_ns()
+        self.started_ns = now
+        self.writer.clear_probes()
+        for name, library in self.probes.attached:
+            self.writer.submit("probes", [(opts.node, name, library, now)])
+        self._rescan(now, initial=True)
+        if not self.probes.libraries:
+            print("straggler: warning: no CUDA library found yet (none mapped by a process in scope, none in the usual "
+                  "install paths); tracing scheduling and block I/O, and attaching when a process maps one "
+                  "(or pass --cuda-lib PATH)", file=sys.stderr, flush=True)
+        for key, value in (("agent_version", __version__), ("agent_pid", os.getpid()), ("agent_state", "running"),
+                           ("agent_started_ns", now), ("agent_interval_ns", opts.interval_ns),
+                           ("agent_record_rule", json.dumps({"record_all": opts.record_all, "sample": opts.sample,
+                                                             "slow_factor": opts.slow_factor,
+                                                             "slow_floor_ns": opts.slow_floor_ns}))):
+            self.writer.set_meta(key, value)
+        mono, real = read_clock_pair()
+        self.writer.submit("clock_pairs", [(opts.node, mono, real)])
+        self.writer.start()
+        if opts.listen:
+            self._start_api()
+        self.writer.set_meta("agent_ready_ns", time.monotonic_ns())
+        self.writer.flush(timeout=10)
+        if self.writer.error:
+            raise StragglerError(self.writer.error)
+        api = f" api={opts.listen}" if opts.listen else ""
+        print(f"straggler: tracing ({self.probes.probe_count} probes) node={opts.node} db={opts.db}{api}",
+              file=sys.stderr, flush=True)
+
+    def _start_api(self):
+        try:
+            from .api import server as api_server
+            from . import tls
+        except ImportError as exc:
+            raise StragglerError(f"--listen needs the API module ({exc}): update straggler, or run "
+                                 "`straggler serve` separately") from None
+        tls_opts = tls.TLSOptions.from_args(self.opts.args)
+        self.api = api_server.start_background(self.opts.db, self.opts.node, self.opts.listen, tls_opts)
+
+    # ---- periodic work --------------------------------------------------------------------------
+    def _rescan(self, now_ns, initial=False):
+        from .probes import symbols
+        scope, targets, libraries = self.finder.scan(known_targets=self.probes.target_tgids())
+        if scope is not None:
+            new_scope = scope - self.scope_known
+            self.probes.add_in_scope(new_scope)
+            self.scope_known = scope
+            targets &= scope
+        for tgid in sorted(targets):
+            self._track(tgid, now_ns)
+        candidates = list(self.opts.cuda_libs) if initial else []
+        candidates += symbols.libraries_in_install_paths() + list(libraries)
+        for path in candidates:
+            try:
+                attached = self.probes.attach_library(path)
+            except OSError:
+                continue
+            if attached:
+                self.writer.submit("probes", [(self.opts.node, name, lib, now_ns)
+                                              for name, lib in self.probes.attached if lib == path])
+                if not initial:
+                    print(f"straggler: attached {attached} probes to {path}", file=sys.stderr, flush=True)
+        if initial:
+            for path in self.opts.cuda_libs:
+                identity = symbols.file_identity(path)
+                if identity in self.probes.failed_libraries:
+                    raise StragglerError(f"--cuda-lib {path}: {self.probes.failed_libraries[identity]}; "
+                                         "give a libcuda/libcudart/libnccl library")
+
+    def _handle_notices(self, notices):
+        from .probes.records import PROC_EXEC, PROC_EXIT, PROC_FORK, PROC_NEW
+        for what, tgid, parent, comm, ts in notices:
+            if what in (PROC_NEW, PROC_FORK):
+                self._track(tgid, ts)
+            elif what == PROC_EXEC:
+                if tgid in self.processes:
+                    self.processes.pop(tgid)
+                    self._track(tgid, ts)
+                elif self.opts.comms and self.finder.in_scope(tgid):
+                    from .probes.targets import read_stat
+                    stat = read_stat(tgid)
+                    if stat and self.finder._comm_matches(tgid, stat[0]):
+                        self._track(tgid, ts)
+            elif what == PROC_EXIT:
+                info = self.processes.get(tgid)
+                if info is not None:
+                    info.exited = ts
+                    info.last_seen = ts
+                    info.dirty = True
+
+    def _drain(self):
+        self.probes.drain()
+        if not self.raw_records:
+            return
+        raw, self.raw_records[:] = list(self.raw_records), []
+        rows, notices = self.decoder.decode(raw)
+        if notices:
+            self._handle_notices(notices)
+        self.writer.submit_events(rows)
+
+    def _update_slow_thresholds(self, harvested):
+        opts = self.opts
+        per_op = {}
+        for (_tgid, op_id), (count, _sum, _max, hist) in harvested.items():
+            acc = per_op.setdefault(op_id, [0] * len(hist))
+            for i, n in enumerate(hist):
+                acc[i] += n
+        for op_id, hist in per_op.items():
+            decayed = self.op_hist.get(op_id)
+            decayed = [n + 0.5 * d for n, d in zip(hist, decayed)] if decayed else [float(n) for n in hist]
+            self.op_hist[op_id] = decayed
+        for op_id, decayed in self.op_hist.items():
+            total = sum(decayed)
+            threshold = opts.slow_floor_ns
+            if total >= 20:
+                running, median_ns = 0.0, None
+                for bucket, n in enumerate(decayed):
+                    running += n
+                    if running >= total / 2:
+                        median_ns = int((1 << bucket) * 1.41421356)  # the bucket's geometric middle
+                        break
+                if median_ns is not None:
+                    threshold = min(threshold, int(opts.slow_factor * median_ns))
+            self.probes.set_slow_threshold(op_id, max(1, threshold))
+
+    def _interval(self, interval_start, now_ns):
+        """Close the interval [interval_start, +interval): aggregates, lost, cost, clock, processes."""
+        from .clock import read_clock_pair
+        from .probes import symbols
+        from .probes.records import trim_hist
+        opts, node, length = self.opts, self.opts.node, self.opts.interval_ns
+        old_gen = self.probes.flip_generation()
+        self._drain()
+        harvested = self.probes.harvest_aggregates(old_gen)
+        rows = []
+        for (tgid, op_id), (count, total, longest, hist) in sorted(harvested.items()):
+            op = symbols.OPS[op_id]
+            rows.append((node, interval_start, length, tgid, self.rank_of(tgid)[0], symbols.OP_SOURCE[op], op,
+                         count, total, longest, json.dumps(trim_hist(hist))))
+        for (pid, source, op), (count, total, longest, hist) in sorted(self.decoder.take_aggregates().items()):
+            rows.append((node, interval_start, length, pid, self.rank_of(pid)[0], source, op, count, total, longest,
+                         json.dumps(trim_hist(hist))))
+        self.writer.submit("aggregates", rows)
+        self._update_slow_thresholds(harvested)
+
+        lost = self.probes.lost_totals()
+        lost["writer:queue"] = self.writer.dropped_events
+        lost_rows = []
+        for probe, total in lost.items():
+            delta = total - self.last_lost.get(probe, 0)
+            if delta > 0:
+                lost_rows.append((node, probe, interval_start, length, delta))
+        self.last_lost = lost
+        self.writer.submit("lost_events", lost_rows)
+
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = usage.ru_utime + usage.ru_stime
+        hits = sum(self.probes.hit_totals())
+        written = self.writer.events_written
+        self.writer.submit("agent_cost", [(node, interval_start, length, round(cpu - self.last_cpu, 6),
+                                           hits - self.last_hits, written - self.last_written, _rss_bytes())])
+        self.last_cpu, self.last_hits, self.last_written = cpu, hits, written
+
+        mono, real = read_clock_pair()
+        self.writer.submit("clock_pairs", [(node, mono, real)])
+        process_rows = []
+        for tgid, info in list(self.processes.items()):
+            if info.exited is None:
+                info.last_seen = now_ns
+                process_rows.append(info.row(node))
+            elif info.dirty:
+                process_rows.append(info.row(node))
+            elif now_ns - info.exited > 2 * length:
+                del self.processes[tgid]  # its last events are written by now
+            info.dirty = False
+        self.writer.submit("processes", process_rows)
+        self.writer.set_meta("agent_heartbeat_ns", now_ns)
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def run(self) -> int:
+        opts = self.opts
+        self.last_lost, self.last_hits, self.last_written = {}, 0, 0
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        self.last_cpu = usage.ru_utime + usage.ru_stime
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.start()
+            self.last_hits = sum(self.probes.hit_totals())
+            deadline = time.monotonic_ns() + int(opts.duration * 1e9) if opts.duration else None
+            interval_start = time.monotonic_ns() // opts.interval_ns * opts.interval_ns
+            next_rescan = time.monotonic() + opts.rescan_s
+            while not self.stop_requested:
+                time.sleep(DRAIN_PERIOD_S)
+                self._drain()
+                now_ns = time.monotonic_ns()
+                if now_ns >= interval_start + opts.interval_ns:
+                    self._interval(interval_start, now_ns)
+                    interval_start = now_ns // opts.interval_ns * opts.interval_ns
+                if time.monotonic() >= next_rescan:
+                    self._rescan(now_ns)
+                    next_rescan = time.monotonic() + opts.rescan_s
+                if self.writer.error:
+                    raise StragglerError(self.writer.error)
+                if deadline and now_ns >= deadline:
+                    break
+            self._interval(interval_start, time.monotonic_ns())
+            self.writer.set_meta("agent_state", "stopped")
+            self.writer.set_meta("agent_stopped_ns", time.monotonic_ns())
+            return 0
+        finally:
+            self._shutdown()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, signum, _frame):
+        self.stop_requested = True
+
+    def _shutdown(self):
+        if self.api is not None:
+            try:
+                self.api.stop()
+            except Exception:
+                pass
+        writer = getattr(self, "writer", None)
+        if writer is not None:
+            writer.stop()
+        probes = getattr(self, "probes", None)
+        if probes is not None:
+            probes.close()
+
+
+def _int(value):
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _rss_bytes():
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def run(args) -> int:
+    return Agent(Options(args)).run()

@@ -1,0 +1,189 @@
+"""Which CUDA/NCCL functions are traced, under which symbol names, and where the libraries are.
+
+The table below is the single source of truth for the traced functions: their base op name
+(what `events.op` holds), source (`cuda` runtime, `driver`, `nccl`), which arguments are kept,
+and the symbol names to look for. Each function lists groups of alternatives: from each group
+the FIRST symbol the library exports is attached (`cuMemAlloc_v2` before plain `cuMemAlloc`),
+and every group is tried (so `cuLaunchKernel` and `cuLaunchKernel_ptsz` are both attached).
+Two names at the same address (aliases) are attached once.
+
+Libraries are found by name (libcuda.so*, libcudart.so*, libcudart-<hash>.so*, libnccl.so*) in
+/proc/PID/maps of running processes, in the usual install paths, or given by the user; they
+are attached by path and symbol name, the real ones exactly like the stand-in.
+
+This module must not import BCC (the loader does); it only describes and finds.
+"""
+import glob
+import os
+import re
+
+# arg kinds: keep in sync with bpf/cuda.c
+ARG_NONE, ARG_BYTES2, ARG_BYTES3, ARG_BYTES5, ARG_CU_LAUNCH, ARG_CUDA_LAUNCH, ARG_NCCL = range(7)
+ARG_HAS_BYTES = {ARG_BYTES2, ARG_BYTES3, ARG_BYTES5, ARG_NCCL}
+ARG_HAS_DIMS = {ARG_CU_LAUNCH, ARG_CUDA_LAUNCH}
+
+
+def _v2(name, extra_suffix=None):
+    """[name_v2, name] (first found) and, when the variant exists, name_v2 + suffix."""
+    groups = [[name + "_v2", name]]
+    if extra_suffix:
+        groups.append([name + "_v2" + extra_suffix])
+    return groups
+
+
+# (op, source, arg kind, symbol groups)
+FUNCTIONS = [
+    # driver API (libcuda)
+    ("cuLaunchKernel", "driver", ARG_CU_LAUNCH, [["cuLaunchKernel"], ["cuLaunchKernel_ptsz"]]),
+    ("cuMemAlloc", "driver", ARG_BYTES2, _v2("cuMemAlloc")),
+    ("cuMemFree", "driver", ARG_NONE, _v2("cuMemFree")),
+    ("cuMemcpy", "driver", ARG_BYTES3, [["cuMemcpy"], ["cuMemcpy_ptds"]]),
+    ("cuMemcpyAsync", "driver", ARG_BYTES3, [["cuMemcpyAsync"], ["cuMemcpyAsync_ptsz"]]),
+    ("cuMemcpyHtoD", "driver", ARG_BYTES3, _v2("cuMemcpyHtoD", "_ptds")),
+    ("cuMemcpyDtoH", "driver", ARG_BYTES3, _v2("cuMemcpyDtoH", "_ptds")),
+    ("cuMemcpyDtoD", "driver", ARG_BYTES3, _v2("cuMemcpyDtoD", "_ptds")),
+    ("cuMemcpyHtoDAsync", "driver", ARG_BYTES3, _v2("cuMemcpyHtoDAsync", "_ptsz")),
+    ("cuMemcpyDtoHAsync", "driver", ARG_BYTES3, _v2("cuMemcpyDtoHAsync", "_ptsz")),
+    ("cuMemcpyDtoDAsync", "driver", ARG_BYTES3, _v2("cuMemcpyDtoDAsync", "_ptsz")),
+    ("cuMemcpyPeer", "driver", ARG_BYTES5, [["cuMemcpyPeer"], ["cuMemcpyPeer_ptds"]]),
+    ("cuMemcpyPeerAsync", "driver", ARG_BYTES5, [["cuMemcpyPeerAsync"], ["cuMemcpyPeerAsync_ptsz"]]),
+    ("cuCtxSynchronize", "driver", ARG_NONE, [["cuCtxSynchronize"]]),
+    ("cuStreamSynchronize", "driver", ARG_NONE, [["cuStreamSynchronize"], ["cuStreamSynchronize_ptsz"]]),
+    # runtime API (libcudart)
+    ("cudaLaunchKernel", "cuda", ARG_CUDA_LAUNCH, [["cudaLaunchKernel"], ["cudaLaunchKernel_ptsz"]]),
+    ("cudaMalloc", "cuda", ARG_BYTES2, [["cudaMalloc"]]),
+    ("cudaFree", "cuda", ARG_NONE, [["cudaFree"]]),
+    ("cudaMemcpy", "cuda", ARG_BYTES3, [["cudaMemcpy"], ["cudaMemcpy_ptds"]]),
+    ("cudaMemcpyAsync", "cuda", ARG_BYTES3, [["cudaMemcpyAsync"], ["cudaMemcpyAsync_ptsz"]]),
+    ("cudaStreamSynchronize", "cuda", ARG_NONE, [["cudaStreamSynchronize"], ["cudaStreamSynchronize_ptsz"]]),
+    ("cudaDeviceSynchronize", "cuda", ARG_NONE, [["cudaDeviceSynchronize"]]),
+    # NCCL collectives (libnccl)
+    ("ncclAllReduce", "nccl", ARG_NCCL, [["ncclAllReduce"]]),
+    ("ncclBroadcast", "nccl", ARG_NCCL, [["ncclBroadcast"]]),
+    ("ncclAllGather", "nccl", ARG_NCCL, [["ncclAllGather"]]),
+    ("ncclReduceScatter", "nccl", ARG_NCCL, [["ncclReduceScatter"]]),
+]
+
+
+class Symbol:
+    """One symbol name the agent can attach to: its id in the BPF program and its function."""
+    __slots__ = ("sym_id", "name", "op_id", "op", "source", "arg_kind", "fn_name")
+
+    def __init__(self, sym_id, name, op_id, op, source, arg_kind):
+        self.sym_id, self.name, self.op_id, self.op = sym_id, name, op_id, op
+        self.source, self.arg_kind = source, arg_kind
+        self.fn_name = "entry_" + name
+
+
+OPS = [op for op, _, _, _ in FUNCTIONS]
+OP_SOURCE = {op: source for op, source, _, _ in FUNCTIONS}
+SYMBOLS = []          # by sym_id
+GROUPS = []           # (op_id, [Symbol, ...] alternatives in order)
+for _op_id, (_op, _source, _kind, _groups) in enumerate(FUNCTIONS):
+    for _group in _groups:
+        alternatives = []
+        for _name in _group:
+            sym = Symbol(len(SYMBOLS), _name, _op_id, _op, _source, _kind)
+            SYMBOLS.append(sym)
+            alternatives.append(sym)
+        GROUPS.append((_op_id, alternatives))
+SYMBOL_BY_NAME = {s.name: s for s in SYMBOLS}
+SYMBOL_REGEX = "^(" + "|".join(re.escape(s.name) for s in SYMBOLS) + ")$"
+
+# Library file names we recognise (the real ones and the stand-in).
+LIBRARY_NAME = re.compile(r"(^|/)lib(cuda|cudart|nccl)(-[0-9a-f]{8})?\.so(\.[0-9.]+)?$")
+
+# Where the libraries usually are when no process maps them yet.
+INSTALL_GLOBS = [
+    "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+    "/usr/lib64/libcuda.so.1",
+    "/usr/lib/wsl/lib/libcuda.so.1",
+    "/usr/local/cuda/lib64/libcudart.so.*",
+    "/usr/local/cuda/targets/x86_64-linux/lib/libcudart.so.*",
+    "/usr/local/cuda-*/targets/x86_64-linux/lib/libcudart.so.*",
+    "/usr/lib/x86_64-linux-gnu/libcudart.so.*",
+    "/usr/lib/x86_64-linux-gnu/libnccl.so.2",
+    "/usr/lib64/libnccl.so.2",
+]
+
+
+def bpf_entry_lines():
+    """The CALL_ENTRY(...) lines appended to bpf/cuda.c: one BPF function per symbol."""
+    return "\n".join(f"CALL_ENTRY({s.fn_name}, {s.sym_id}, {s.op_id}, {s.arg_kind})" for s in SYMBOLS)
+
+
+def choose_symbols(exported):
+    """From {name: address} exported by one library, the symbols to attach: [(Symbol, address)].
+
+    First existing alternative of each group; an address already taken (an alias) is skipped."""
+    chosen, taken = [], set()
+    for _op_id, alternatives in GROUPS:
+        for sym in alternatives:
+            addr = exported.get(sym.name)
+            if addr is None:
+                continue
+            if addr not in taken:
+                chosen.append((sym, addr))
+                taken.add(addr)
+            break
+    return chosen
+
+
+def is_cuda_library(path: str) -> bool:
+    return bool(LIBRARY_NAME.search(path))
+
+
+def libraries_in_maps(pid) -> list:
+    """Paths of CUDA/NCCL libraries mapped by a process, as the agent can open them.
+
+    A path seen in another mount namespace is reached through /proc/PID/root."""
+    found = []
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as maps:
+            data = maps.read()
+    except OSError:
+        return found
+    if b"libcu" not in data and b"libnccl" not in data:
+        return found
+    seen = set()
+    for line in data.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6:
+            continue
+        path = parts[5].decode("utf-8", "replace").strip()
+        if path in seen or not path.startswith("/") or not is_cuda_library(path):
+            continue
+        seen.add(path)
+        found.append(reachable_path(pid, path))
+    return found
+
+
+def reachable_path(pid, path):
+    """`path` as mapped by process `pid`, as a path this process can open (same file)."""
+    via_root = f"/proc/{pid}/root{path}"
+    try:
+        theirs = os.stat(via_root)
+    except OSError:
+        return path
+    try:
+        ours = os.stat(path)
+        if (ours.st_dev, ours.st_ino) == (theirs.st_dev, theirs.st_ino):
+            return path
+    except OSError:
+        pass
+    return via_root
+
+
+def libraries_in_install_paths() -> list:
+    found = []
+    for pattern in INSTALL_GLOBS:
+        for path in sorted(glob.glob(pattern)):
+            if os.path.isfile(path) and is_cuda_library(path):
+                found.append(path)
+    return found
+
+
+def file_identity(path):
+    """(st_dev, st_ino) of a file, so one library reached by two paths is attached once."""
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino)

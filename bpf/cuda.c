@@ -1,0 +1,234 @@
+/*
+ * CUDA runtime / driver / NCCL calls: uprobe at entry, one shared uretprobe at return.
+ *
+ * In the kernel (because it saves work): the duration, the kept arguments, the per-interval
+ * aggregate of EVERY call (count, sum, max, log2 histogram per tgid and op), and the decision
+ * whether a call gets its own row (see agent/straggler/probes/__init__.py for the rule).
+ * Only calls that get a row go through the ring buffer.
+ *
+ * The agent appends one line per traced symbol:  CALL_ENTRY(fn_name, symbol_id, op_id, ARG_KIND)
+ * (the symbol table lives in agent/straggler/probes/symbols.py).
+ */
+#include "common.h"
+
+/* Which arguments a function keeps (x86-64 SysV: rdi, rsi, rdx, rcx, r8, r9, then the stack). */
+#define ARG_NONE 0
+#define ARG_BYTES2 1       /* size in arg 2: cuMemAlloc(dptr, bytesize), cudaMalloc(devPtr, size) */
+#define ARG_BYTES3 2       /* size in arg 3: cuMemcpy*(dst, src, bytes, ...), cudaMemcpy*(dst, src, count, ...) */
+#define ARG_BYTES5 3       /* size in arg 5: cuMemcpyPeer(dst, dctx, src, sctx, bytes) */
+#define ARG_CU_LAUNCH 4    /* cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, ...): rsi rdx rcx r8 r9, bz at [sp+8] */
+#define ARG_CUDA_LAUNCH 5  /* cudaLaunchKernel(func, dim3 grid, dim3 block, ...): dim3 (12 bytes) by value =
+                              two registers each: grid x|y<<32 in rsi, z in rdx; block x|y<<32 in rcx, z in r8 */
+#define ARG_NCCL 6         /* nccl*(send, recv, count, datatype, ...): bytes = count * sizeof(datatype) */
+
+#define NBUCKETS 40        /* log2(ns) histogram: bucket i holds [2^i, 2^(i+1)) ns; the last one everything above */
+
+/* why a call got a row (event.flags) */
+#define WHY_ALL 1
+#define WHY_SLOW 2
+#define WHY_OFFCPU 4
+#define WHY_SAMPLE 8
+
+struct agg_key {
+    u32 tgid;
+    u16 op;
+    u16 gen;
+};
+struct agg_val {
+    u64 count;
+    u64 sum;
+    u64 max;
+    u64 hist[NBUCKETS];
+};
+BPF_HASH(call_aggs, struct agg_key, struct agg_val, 16384);
+BPF_PERCPU_ARRAY(agg_zero, struct agg_val, 1);          /* never written: a zero value to insert */
+BPF_PERCPU_ARRAY(callstack_zero, struct callstack, 1);  /* never written: a zero value to insert */
+BPF_ARRAY(slow_ns, u64, NUM_OPS);                       /* per op: a call at least this long is "slow" (0: none) */
+
+static __always_inline u32 nccl_type_size(u32 datatype)
+{
+    switch (datatype) {
+    case 0: case 1: case 10: case 11: return 1;   /* int8, uint8, fp8 e4m3/e5m2 */
+    case 6: case 9: return 2;                     /* float16, bfloat16 */
+    case 2: case 3: case 7: return 4;             /* int32, uint32, float32 */
+    case 4: case 5: case 8: return 8;             /* int64, uint64, float64 */
+    default: return 0;
+    }
+}
+
+/* In default mode (auto_target) a process in scope that calls a traced function becomes a target
+ * right here, so its first calls are not missed while user space catches up. */
+static __always_inline int call_wanted(struct config *c, u32 tgid)
+{
+    if (targets.lookup(&tgid))
+        return 1;
+    if (!c->auto_target || !tgid_in_scope(c, tgid))
+        return 0;
+    u8 one = 1;
+    if (targets.update(&tgid, &one) == 0) {
+        tid_tgid.update(&tgid, &tgid);
+        emit_proc(PROC_NEW, tgid, 0);
+    }
+    return 1;
+}
+
+static __always_inline int call_entry(struct pt_regs *ctx, u16 sym, u16 op, int arg_kind)
+{
+    count_hit(HIT_UPROBE);
+    struct config *c = get_config();
+    if (!c)
+        return 0;
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    u32 tgid = pid_tgid >> 32, tid = (u32)pid_tgid;
+    if (!call_wanted(c, tgid))
+        return 0;
+    struct callstack *cs = callstacks.lookup(&tid);
+    if (!cs) {
+        u32 zero = 0;
+        struct callstack *init = callstack_zero.lookup(&zero);
+        if (!init)
+            return 0;
+        callstacks.update(&tid, init);
+        cs = callstacks.lookup(&tid);
+        if (!cs) {
+            count_lost(LOST_CALLS);  /* callstacks map full */
+            return 0;
+        }
+    }
+    u32 d = cs->depth;
+    if (d >= MAX_DEPTH)
+        d = 0;  /* stale frames (calls that never returned, e.g. a longjmp): start over */
+    struct frame *f = &cs->f[d & (MAX_DEPTH - 1)];
+    f->op = op;
+    f->sym = sym;
+    f->epoch = cs->epoch;
+    switch (arg_kind) {
+    case ARG_BYTES2:
+        f->bytes = PT_REGS_PARM2(ctx);
+        break;
+    case ARG_BYTES3:
+        f->bytes = PT_REGS_PARM3(ctx);
+        break;
+    case ARG_BYTES5:
+        f->bytes = PT_REGS_PARM5(ctx);
+        break;
+    case ARG_CU_LAUNCH: {
+        u32 bz = 0;
+        bpf_probe_read_user(&bz, sizeof(bz), (void *)(PT_REGS_SP(ctx) + 8));
+        f->dims[0] = (u32)PT_REGS_PARM2(ctx);
+        f->dims[1] = (u32)PT_REGS_PARM3(ctx);
+        f->dims[2] = (u32)PT_REGS_PARM4(ctx);
+        f->dims[3] = (u32)PT_REGS_PARM5(ctx);
+        f->dims[4] = (u32)PT_REGS_PARM6(ctx);
+        f->dims[5] = bz;
+        break;
+    }
+    case ARG_CUDA_LAUNCH: {
+        u64 grid_xy = PT_REGS_PARM2(ctx), block_xy = PT_REGS_PARM4(ctx);
+        f->dims[0] = (u32)grid_xy;
+        f->dims[1] = (u32)(grid_xy >> 32);
+        f->dims[2] = (u32)PT_REGS_PARM3(ctx);
+        f->dims[3] = (u32)block_xy;
+        f->dims[4] = (u32)(block_xy >> 32);
+        f->dims[5] = (u32)PT_REGS_PARM5(ctx);
+        break;
+    }
+    case ARG_NCCL:
+        f->bytes = PT_REGS_PARM3(ctx) * nccl_type_size((u32)PT_REGS_PARM4(ctx));
+        break;
+    }
+    cs->depth = d + 1;
+    f->ts = bpf_ktime_get_ns();  /* last, so the probe's own work is not counted in the call */
+    return 0;
+}
+
+#define CALL_ENTRY(fn_name, sym_id, op_id, arg_kind) \
+    int fn_name(struct pt_regs *ctx) { return call_entry(ctx, sym_id, op_id, arg_kind); }
+
+static __always_inline void aggregate(struct config *c, u32 tgid, u16 op, u64 dur)
+{
+    struct agg_key key = {.tgid = tgid, .op = op, .gen = (u16)c->gen};
+    struct agg_val *a = call_aggs.lookup(&key);
+    if (!a) {
+        u32 zero = 0;
+        struct agg_val *init = agg_zero.lookup(&zero);
+        if (!init)
+            return;
+        call_aggs.insert(&key, init);
+        a = call_aggs.lookup(&key);
+        if (!a) {
+            count_lost(LOST_CALLS);  /* call_aggs full */
+            return;
+        }
+    }
+    u32 bucket = bpf_log2l(dur);  /* floor(log2(dur)) + 1, 1 for dur <= 1 */
+    bucket = bucket > 0 ? bucket - 1 : 0;
+    if (bucket >= NBUCKETS)
+        bucket = NBUCKETS - 1;
+    __sync_fetch_and_add(&a->count, 1);
+    __sync_fetch_and_add(&a->sum, dur);
+    if (dur > a->max)
+        a->max = dur;  /* racy across CPUs, at worst a smaller max from the same interval */
+    __sync_fetch_and_add(&a->hist[bucket], 1);
+}
+
+int call_return(struct pt_regs *ctx)
+{
+    u64 now = bpf_ktime_get_ns();
+    count_hit(HIT_URETPROBE);
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    u32 tgid = pid_tgid >> 32, tid = (u32)pid_tgid;
+    struct callstack *cs = callstacks.lookup(&tid);
+    if (!cs || cs->depth == 0)
+        return 0;
+    u32 d = cs->depth - 1;
+    if (d >= MAX_DEPTH) {
+        cs->depth = 0;
+        return 0;
+    }
+    cs->depth = d;
+    struct frame *f = &cs->f[d & (MAX_DEPTH - 1)];
+    struct config *c = get_config();
+    if (!c)
+        return 0;
+    u64 dur = now - f->ts;
+    u16 op = f->op;
+    aggregate(c, tgid, op, dur);
+
+    u32 why = 0;
+    if (c->record_all)
+        why |= WHY_ALL;
+    u32 op_index = op;
+    u64 *slow = slow_ns.lookup(&op_index);
+    if (slow && *slow && dur >= *slow)
+        why |= WHY_SLOW;
+    if (f->epoch != cs->epoch)
+        why |= WHY_OFFCPU;
+    if (c->sample_n && bpf_get_prandom_u32() % c->sample_n == 0)
+        why |= WHY_SAMPLE;
+    if (!why)
+        return 0;
+
+    struct event *e = call_events.ringbuf_reserve(sizeof(struct event));
+    if (!e) {
+        count_lost(LOST_CALLS);
+        return 0;
+    }
+    e->kind = EV_CALL;
+    e->op = f->sym;
+    e->flags = why;
+    e->ts = f->ts;
+    e->dur = dur;
+    e->a0 = f->bytes;
+    e->a1 = PT_REGS_RC(ctx);
+    e->a2 = 0;
+    e->tgid = tgid;
+    e->tid = tid;
+    e->other_pid = 0;
+    e->cpu = bpf_get_smp_processor_id();
+    __builtin_memcpy(e->dims, f->dims, sizeof(e->dims));
+    bpf_get_current_comm(&e->comm, sizeof(e->comm));
+    __builtin_memset(e->comm2, 0, sizeof(e->comm2));
+    call_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    return 0;
+}

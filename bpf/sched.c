@@ -1,0 +1,185 @@
+/*
+ * Scheduling of traced threads (threads of tgids in `targets`), from sched tracepoints only.
+ *
+ * For every off-CPU interval of a traced thread one record is sent when the thread is switched
+ * back in: when it left (ts), for how long (dur), whether it was preempted while runnable or
+ * went to sleep (op: 1 preempted, 0 blocked), which task took the CPU at that moment
+ * (other_pid, comm2 -- named whatever it is, in scope or not), and the run-queue wait: from
+ * the wakeup (or the preemption) to the switch-in (a0, start in a1).
+ *
+ * Also keeps the process bookkeeping the other probes rely on: threads of targets in tid_tgid,
+ * forks of targets become targets, forks of in-scope processes are in scope, exits clean up.
+ */
+#include "common.h"
+
+#define STATE_BLOCKED 0
+#define STATE_PREEMPTED 1
+#define STATE_UNKNOWN 2   /* switch-in seen without its switch-out (e.g. the thread's first run) */
+
+/* prev_state: the task's state bits (0x1 S, 0x2 D, ... 0x80 I); 0 = running (it was runnable);
+ * preemption reports TASK_REPORT_MAX (0x100 on 6.x, "R+"). So runnable <=> (state & 0xff) == 0. */
+#define STATE_BITS 0xff
+
+struct offcpu_start {
+    u64 ts;
+    u32 other_pid;
+    u32 cpu;
+    u32 state;
+    u32 pad;
+    char other_comm[COMM_LEN];
+};
+BPF_HASH(offcpu_start, u32, struct offcpu_start, 262144);
+BPF_HASH(runq_start, u32, u64, 262144);
+
+TRACEPOINT_PROBE(sched, sched_switch)
+{
+    u64 now = bpf_ktime_get_ns();
+    count_hit(HIT_SCHED);
+    u32 prev = args->prev_pid, next = args->next_pid;
+
+    /* switch-out: prev is still current here, so its tgid comes from the helper */
+    if (prev != 0) {
+        u32 tgid = bpf_get_current_pid_tgid() >> 32;
+        if (targets.lookup(&tgid)) {
+            if (!tid_tgid.lookup(&prev))
+                tid_tgid.update(&prev, &tgid);
+            struct offcpu_start s = {};
+            s.ts = now;
+            s.other_pid = next;
+            s.cpu = bpf_get_smp_processor_id();
+            s.state = (args->prev_state & STATE_BITS) == 0 ? STATE_PREEMPTED : STATE_BLOCKED;
+            bpf_probe_read_kernel(&s.other_comm, sizeof(s.other_comm), args->next_comm);
+            offcpu_start.update(&prev, &s);
+            if (s.state == STATE_PREEMPTED)
+                runq_start.update(&prev, &now);
+            else
+                runq_start.delete(&prev);  /* the wait starts at the wakeup */
+            struct callstack *cs = callstacks.lookup(&prev);
+            if (cs && cs->depth)
+                cs->epoch++;  /* a call in progress overlaps this off-CPU interval */
+        }
+    }
+
+    /* switch-in */
+    if (next == 0)
+        return 0;
+    u32 *next_tgid = tid_tgid.lookup(&next);
+    if (!next_tgid)
+        return 0;
+    u64 runq_ts = 0;
+    u64 *r = runq_start.lookup(&next);
+    if (r) {
+        runq_ts = *r;
+        runq_start.delete(&next);
+    }
+    struct offcpu_start *s = offcpu_start.lookup(&next);
+    if (!s && runq_ts == 0)
+        return 0;
+    struct event *e = sys_events.ringbuf_reserve(sizeof(struct event));
+    if (!e) {
+        count_lost(LOST_SCHED);
+        if (s)
+            offcpu_start.delete(&next);
+        return 0;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    e->kind = EV_SCHED;
+    e->tgid = *next_tgid;
+    e->tid = next;
+    e->flags = bpf_get_smp_processor_id();
+    if (s) {
+        e->ts = s->ts;
+        e->dur = now - s->ts;
+        e->op = s->state;
+        e->other_pid = s->other_pid;
+        e->cpu = s->cpu;
+        __builtin_memcpy(e->comm2, s->other_comm, sizeof(e->comm2));
+    } else {
+        e->op = STATE_UNKNOWN;
+        e->cpu = e->flags;
+        e->ts = runq_ts;
+    }
+    if (runq_ts) {
+        e->a1 = runq_ts;
+        e->a0 = now - runq_ts;
+    }
+    bpf_probe_read_kernel(&e->comm, sizeof(e->comm), args->next_comm);
+    sys_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    if (s)
+        offcpu_start.delete(&next);
+    return 0;
+}
+
+static __always_inline void on_wakeup(u32 tid)
+{
+    count_hit(HIT_SCHED);
+    if (tid_tgid.lookup(&tid)) {
+        u64 now = bpf_ktime_get_ns();
+        runq_start.update(&tid, &now);
+    }
+}
+
+TRACEPOINT_PROBE(sched, sched_wakeup)
+{
+    on_wakeup(args->pid);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_wakeup_new)
+{
+    on_wakeup(args->pid);
+    return 0;
+}
+
+/* In the parent's context: the new task is a thread (CLONE_THREAD) or a new process. */
+#define CLONE_THREAD_FLAG 0x00010000
+TRACEPOINT_PROBE(task, task_newtask)
+{
+    count_hit(HIT_PROC);
+    u32 parent = bpf_get_current_pid_tgid() >> 32, child = args->pid;
+    u8 one = 1;
+    if (args->clone_flags & CLONE_THREAD_FLAG) {
+        if (targets.lookup(&parent))
+            tid_tgid.update(&child, &parent);
+        return 0;
+    }
+    if (in_scope.lookup(&parent))
+        in_scope.update(&child, &one);
+    if (targets.lookup(&parent)) {
+        targets.update(&child, &one);
+        tid_tgid.update(&child, &child);
+        emit_proc(PROC_FORK, child, parent);
+    }
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exec)
+{
+    count_hit(HIT_PROC);
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    struct config *c = get_config();
+    if (!c)
+        return 0;
+    if (targets.lookup(&tgid) || (c->notify_exec && tgid_in_scope(c, tgid)))
+        emit_proc(PROC_EXEC, tgid, 0);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exit)
+{
+    count_hit(HIT_PROC);
+    u32 tid = args->pid;
+    tid_tgid.delete(&tid);
+    offcpu_start.delete(&tid);
+    runq_start.delete(&tid);
+    callstacks.delete(&tid);
+    if (args->group_dead) {
+        u32 tgid = bpf_get_current_pid_tgid() >> 32;
+        if (targets.lookup(&tgid)) {
+            targets.delete(&tgid);
+            emit_proc(PROC_EXIT, tgid, 0);
+        }
+        in_scope.delete(&tgid);
+    }
+    return 0;
+}
