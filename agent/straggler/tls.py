@@ -127,6 +127,9 @@ def server_context(opts: TLSOptions) -> ssl.SSLContext:
     _tls13_only(context)
     _load(context, opts, "server")
     context.verify_mode = ssl.CERT_REQUIRED
+    # every fleet request is a fresh connection and nothing resumes sessions: skip the two
+    # TLS 1.3 session tickets OpenSSL would otherwise make and send after each handshake
+    context.num_tickets = 0
     return context
 
 

@@ -7,10 +7,12 @@ with the node's own name on every row, a status for every node, and each node's 
 - Statuses: ok | empty | sql-error | tls-error | refused | timeout | unreachable, each with a
   one-line message and the latency. Nodes that did not answer stay in the result.
 - Clock offsets, NTP-style (straggler.clock.estimate_offset): while the query runs, a separate
-  connection per node exchanges `clock_samples` GET /api/v1/clock requests; the sample with the
-  smallest round trip gives offset (node realtime minus this machine's) and ± half that round
-  trip. They run beside the queries, on their own workers, so they add nothing to a query's
-  latency. Offsets above `offset_threshold_ms` are flagged.
+  connection per node exchanges `clock_samples` GET /api/v1/clock requests (more while the query
+  is still running and no round trip was short); the sample with the smallest round trip gives
+  offset (node realtime minus this machine's) and ± half that round trip. They run beside the
+  queries, on their own workers, so they add nothing to a node's query latency; the call as a
+  whole waits for them, which costs at most (clock_samples - 1) round trips beyond a query that
+  ends after one round trip. Offsets above `offset_threshold_ms` are flagged.
 - Exit codes: 0 every node answered (ok or empty), 3 some did not, 4 none did.
 
 This module talks to agents and combines answers; it must not judge SQL (the agents do, with
@@ -423,10 +425,11 @@ CLOCK_GOOD_RTT_NS = 1_000_000      # keep sampling (up to 4x) while no round tri
 CLOCK_EXTRA_FACTOR = 4
 
 
-def _clock_node(address, tls, context, samples, timeout_s):
+def _clock_node(address, tls, context, samples, timeout_s, query_running=None):
     """(node, [(t_send, node_real, t_recv), ...]) from clock requests on one connection: `samples`
-    of them, and up to 4x as many while no round trip was shorter than 1 ms (a busy machine
-    delays some answers; the shortest round trip bounds the error) and the node's time allows."""
+    of them, and, while the node's query is still running (so it costs no latency), up to 4x as
+    many while no round trip was shorter than 1 ms (a busy machine delays some answers; the
+    shortest round trip bounds the error)."""
     conn = _Connection(address, tls, context, timeout_s)
     taken, node = [], None
     give_up_at = time.monotonic() + timeout_s * 0.8
@@ -434,6 +437,7 @@ def _clock_node(address, tls, context, samples, timeout_s):
     try:
         conn.connect()
         while len(taken) < samples or (best_rtt > CLOCK_GOOD_RTT_NS and len(taken) < samples * CLOCK_EXTRA_FACTOR
+                                       and query_running is not None and query_running.is_set()
                                        and time.monotonic() < give_up_at):
             t_send = time.time_ns()
             code, data = _request(conn, "GET", "/api/v1/clock?pairs=0", plain=context is None)
@@ -492,11 +496,20 @@ def fleet_query(nodes, sql, tls=None, limit=10000, timeout_s=5.0, deadline_s=15.
     context = None if tls.no_tls else client_context(tls)
     per_node_s = min(float(timeout_s), float(deadline_s))
     results = queue.Queue()
-    query_tasks = [(("query", i), (lambda a=a: _query_node(a, sql, tls, context, int(limit), per_node_s)))
-                   for i, a in enumerate(addresses)]
+    query_running = [threading.Event() for _ in addresses]
+
+    def query_task(index, address):
+        query_running[index].set()
+        try:
+            return _query_node(address, sql, tls, context, int(limit), per_node_s)
+        finally:
+            query_running[index].clear()
+
+    query_tasks = [(("query", i), (lambda i=i, a=a: query_task(i, a))) for i, a in enumerate(addresses)]
     _run_pool(query_tasks, int(concurrency), results, "query")
     if clock_samples and clock_samples > 0:
-        clock_tasks = [(("clock", i), (lambda a=a: _clock_node(a, tls, context, int(clock_samples), per_node_s)))
+        clock_tasks = [(("clock", i), (lambda i=i, a=a: _clock_node(a, tls, context, int(clock_samples), per_node_s,
+                                                                    query_running[i])))
                        for i, a in enumerate(addresses)]
         _run_pool(clock_tasks, int(concurrency), results, "clock")
     else:
