@@ -33,7 +33,7 @@ from ..errors import StragglerError
 from .merge import clock_segments
 
 CALL_SOURCES = ("cuda", "driver", "nccl")
-FETCH = 5000
+FETCH = 2000
 
 
 class ExportError(StragglerError):
@@ -228,8 +228,9 @@ def _write(conn, fh, order, node_pid, proc_rank, align, has_aligned, start_ns, l
 
     def emit_slices(sql, key_fn, name_fn, label_fn, args_fn, cat):
         cur = conn.execute(sql)
-        lanes, current = None, None
+        lanes, current, batch = None, None, None
         while True:
+            batch = None                     # let the previous batch go before fetching the next
             batch = cur.fetchmany(FETCH)
             if not batch:
                 break
@@ -286,7 +287,7 @@ def _write(conn, fh, order, node_pid, proc_rank, align, has_aligned, start_ns, l
                            FROM events WHERE node IN ({node_list}) AND source IN ('cuda', 'driver', 'nccl', 'block')
                            GROUP BY node, sec ORDER BY node, sec""")
     for node, sec, calls, io_bytes in cur:
-        t = align[node](sec * 1_000_000_000)
+        t = max(start_ns, align[node](sec * 1_000_000_000))    # the first second may begin before the trace
         if (lo is not None and t < lo - 1_000_000_000) or (hi is not None and t > hi):
             continue
         pid = node_pid[node]
