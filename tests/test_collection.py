@@ -1,7 +1,7 @@
 """The Ansible collection straggler.fleet, as a user meets it on one machine: its unit tests,
 `ansible-test sanity`, the ad hoc query, and a playbook over three inventory hosts (local
 connections, each with its own node database) plus one unreachable host, through query,
-aggregate, clock_facts, collect, merge and explain, with the summary callback beside the default,
+aggregate, clock_facts, collect, merge, explain and export, with the summary callback beside the default,
 a JSON and the JUnit callbacks.
 
 The hosts' Python here is Debian's /usr/bin/python3, which cannot import the straggler package:
@@ -170,6 +170,11 @@ PLAYBOOK = """
         fail_on_straggler: "{{{{ fail_on_straggler | default(false) | bool }}}}"
       register: straggler_report
 
+    - name: export a timeline
+      straggler.fleet.export:
+        db: "{{{{ out }}}}/cluster.db"
+        dest: "{{{{ out }}}}/trace.json"
+
     - name: keep what the tasks returned
       ansible.builtin.copy:
         dest: "{{{{ out }}}}/results.json"
@@ -232,6 +237,9 @@ def test_playbook_from_query_to_explain_with_an_unreachable_host(fleet):
     assert report["msg"].startswith("straggler: gpu-node-02")
     suite = ElementTree.parse(str(out / "explain-junit.xml")).getroot()
     assert suite.get("failures") == "1"
+    trace = json.loads((out / "trace.json").read_text())
+    processes = [event["args"]["name"] for event in trace["traceEvents"] if event.get("name") == "process_name"]
+    assert all(any(name in process for process in processes) for name in NODES), processes
 
     # after the recap, on stdout beside the default callback, the summary callback printed the
     # table with every host's status, then explain's verdict

@@ -25,6 +25,7 @@ ARGUMENT_SPEC = dict(
     since=dict(type='raw'),
     until=dict(type='raw'),
     node=dict(type='list', elements='str'),
+    findings=dict(type='bool', default=True),
 )
 
 
@@ -36,6 +37,8 @@ def export_arguments(args):
             keywords[name] = args[name]
     if args.get('node'):
         keywords['nodes'] = list(args['node'])
+    if args.get('findings') is False:
+        keywords['findings'] = False
     return keywords
 
 

@@ -39,17 +39,24 @@ options:
     choices: [perfetto]
   since:
     description:
-      - Leave out what happened before this time, given as C(straggler export --since) takes it.
+      - Leave out what happened before this time, in seconds from the trace's start (for example V(30)) or as an
+        ISO-8601 time (as C(straggler export --since)).
     type: raw
   until:
     description:
-      - Leave out what happened after this time, given as C(straggler export --until) takes it.
+      - Leave out what happened after this time, in seconds from the trace's start or as an ISO-8601 time
+        (as C(straggler export --until)).
     type: raw
   node:
     description:
       - Export only these nodes.
     type: list
     elements: str
+  findings:
+    description:
+      - Run explain on the database and add its findings to the timeline as instant events.
+    type: bool
+    default: true
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
@@ -83,6 +90,8 @@ EXAMPLES = r"""
     db: results/cluster.db
     dest: results/trace-two.json
     node: [gpu-node-01, gpu-node-03]
+    since: 30
+    until: 90
 """
 
 RETURN = r"""

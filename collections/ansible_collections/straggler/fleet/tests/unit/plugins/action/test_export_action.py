@@ -1,9 +1,12 @@
 # -*- coding: utf-8 -*-
 # Copyright: the straggler project
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""export: options passed to the core's Perfetto export; missing inputs; check mode."""
+"""export: a synthetic cluster exported as a Perfetto timeline by the core; options passed
+through; missing inputs; check mode."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -13,9 +16,49 @@ from ansible_collections.straggler.fleet.plugins.action.export import ActionModu
 from ansible_collections.straggler.fleet.tests.unit.helpers import make_node_db
 
 
+@pytest.fixture(scope='module')
+def cluster(tmp_path_factory):
+    from straggler.analysis import synth
+    path = tmp_path_factory.mktemp('export') / 'cluster.db'
+    synth.write_cluster(str(path), synth.SynthSpec(nodes=3, events=3000, scenario='io_cpu', straggler=1))
+    return str(path)
+
+
+def trace_nodes(path):
+    events = json.loads(path.read_text())['traceEvents']
+    names = set(event['args']['name'] for event in events if event.get('ph') == 'M' and event.get('name') == 'process_name')
+    return events, names
+
+
+def test_the_cluster_becomes_a_perfetto_trace(action_factory, cluster, tmp_path):
+    dest = tmp_path / 'out' / 'trace.json'
+    result = action_factory(ActionModule, dict(db=cluster, dest=str(dest))).run(task_vars={})
+    assert result['changed'] is True and result['size'] == dest.stat().st_size
+    events, names = trace_nodes(dest)
+    assert len(names) == 3 and all(any(node in name for name in names) for node in ('gpu-node-01', 'gpu-node-02', 'gpu-node-03'))
+    assert any(event.get('ph') == 'X' for event in events)
+
+
+def test_node_and_time_cuts_reach_the_core(action_factory, cluster, tmp_path):
+    whole, cut = tmp_path / 'whole.json', tmp_path / 'cut.json'
+    action_factory(ActionModule, dict(db=cluster, dest=str(whole), node=['gpu-node-02'], findings=False)).run(task_vars={})
+    action_factory(ActionModule, dict(db=cluster, dest=str(cut), node=['gpu-node-02'], findings=False,
+                                      until='0.5')).run(task_vars={})
+    whole_events, names = trace_nodes(whole)
+    cut_events, dummy = trace_nodes(cut)
+    assert len(names) == 1 and 'gpu-node-02' in names.pop()
+    slices = [event for event in whole_events if event.get('ph') == 'X']
+    assert 0 < len([event for event in cut_events if event.get('ph') == 'X']) < len(slices)
+
+
+def test_an_unknown_node_fails_with_the_cores_message(action_factory, cluster, tmp_path):
+    with pytest.raises(AnsibleActionFail, match='not in'):
+        action_factory(ActionModule, dict(db=cluster, dest=str(tmp_path / 't.json'), node=['nope'])).run(task_vars={})
+
+
 def test_only_the_given_cuts_reach_the_core():
     assert export_arguments(dict(since=None, until='', node=None)) == {}
-    assert export_arguments(dict(since=5, until=9, node=['a'])) == dict(since=5, until=9, nodes=['a'])
+    assert export_arguments(dict(since=5, until=9, node=['a'], findings=False)) == dict(since=5, until=9, nodes=['a'], findings=False)
 
 
 def test_a_missing_database_fails_and_is_skipped_in_check_mode(action_factory, tmp_path):
