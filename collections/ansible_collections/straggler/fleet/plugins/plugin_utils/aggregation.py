@@ -43,6 +43,9 @@ def host_status(host, registered, active_hosts=None):
         entry.update(status='failed', message=_one_line(registered.get('msg')) or 'the task failed')
     elif registered.get('skipped'):
         entry.update(status='skipped', message=_one_line(registered.get('skip_reason') or registered.get('msg')) or 'skipped')
+    elif isinstance(registered.get('results'), list):
+        entry.update(status='invalid',
+                     message='the registered result holds a loop\'s results: aggregate one query per host (no loop)')
     elif 'columns' not in registered or 'rows' not in registered:
         entry.update(status='invalid',
                      message='the registered result has no columns/rows: register the result of straggler.fleet.query')

@@ -58,6 +58,7 @@ def test_hosts_with_different_columns_line_up_by_name():
 @pytest.mark.parametrize('registered, status', [
     (dict(skipped=True, skip_reason='Conditional result was False'), 'skipped'),
     (dict(changed=False, stdout='hello'), 'invalid'),
+    (dict(changed=False, results=[OK_A, OK_B]), 'invalid'),
     ('a string', 'invalid'),
     (None, 'missing'),
 ])

@@ -129,3 +129,30 @@ def test_result_translation_keeps_tuple_offsets_and_statuses():
     assert result['offsets'] == {'a': dict(offset_ns=5, uncertainty_ns=9)}
     assert result['failed_nodes'] == ['gpu2'] and result['exit_code'] == 3
     assert result['nodes'][1]['status'] == 'timeout' and result['nodes'][1]['host'] == 'gpu2'
+
+
+def test_mutual_tls_with_the_given_certificates(action_factory, tmp_path):
+    from straggler import pki
+    from straggler.api.server import start_background
+    from straggler.tls import TLSOptions
+    ca_dir = str(tmp_path / 'pki')
+    pki.init_ca(ca_dir)
+    pki.issue(ca_dir, 'agent', ['127.0.0.1'], kind='server')
+    pki.issue(ca_dir, 'controller', [], kind='client')
+    db = make_node_db(tmp_path / 'node.db', node='node-tls')
+    server_tls = TLSOptions(ca=ca_dir + '/ca.crt', cert=ca_dir + '/agent.crt', key=ca_dir + '/agent.key')
+    handle = start_background(db, node='node-tls', listen='127.0.0.1:0', tls=server_tls)
+    try:
+        node = '127.0.0.1:%d' % handle.port
+        good = run(action_factory, dict(sql='SELECT count(*) AS n FROM events', nodes=[node], ca=ca_dir + '/ca.crt',
+                                        cert=ca_dir + '/controller.crt', key=ca_dir + '/controller.key'))
+        # the server's own certificate is no client certificate: the agent refuses it
+        wrong = run(action_factory, dict(sql='SELECT 1', nodes=[node], ca=ca_dir + '/ca.crt',
+                                         cert=ca_dir + '/agent.crt', key=ca_dir + '/agent.key', timeout=3, deadline=5))
+        plain = run(action_factory, dict(sql='SELECT 1', nodes=[node], no_tls=True, timeout=3, deadline=5))
+    finally:
+        handle.stop()
+    assert not good.get('failed'), good
+    assert good['rows'] == [['node-tls', 3]] and good['nodes'][0]['status'] == 'ok'
+    assert wrong['failed'] is True and wrong['nodes'][0]['status'] == 'tls-error', wrong['nodes']
+    assert plain['failed'] is True and plain['nodes'][0]['status'] != 'ok'
