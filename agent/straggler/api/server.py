@@ -23,6 +23,7 @@ import os
 import shutil
 import signal
 import socket
+import socketserver
 import ssl
 import sys
 import tempfile
@@ -281,6 +282,12 @@ class _Server(ThreadingHTTPServer):
         self.address_family = family
         super().__init__(address, _Handler)
 
+    def server_bind(self):
+        # HTTPServer.server_bind would resolve our own address (socket.getfqdn): a slow start on a
+        # node with broken DNS, for a name nothing uses
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+
     def process_request(self, request, client_address):
         # bounded: with every slot busy, the accept loop waits (connections queue in the backlog)
         if not self._slots.acquire(timeout=IO_TIMEOUT_S):
@@ -354,6 +361,16 @@ class _Server(ThreadingHTTPServer):
                 f"X-Straggler-Node: {self.app.node}\r\nConnection: close\r\n\r\n").encode()
         try:
             request.sendall(head + body)
+            # lingering close: read what the client already sent, so closing does not reset the
+            # connection (an RST would discard our answer before the client reads it)
+            request.shutdown(socket.SHUT_WR)
+            request.settimeout(1.0)
+            drained = 0
+            while drained < (1 << 20):
+                chunk = request.recv(65536)
+                if not chunk:
+                    break
+                drained += len(chunk)
         except OSError:
             pass
         return False

@@ -12,7 +12,9 @@ with the node's own name on every row, a status for every node, and each node's 
   offset (node realtime minus this machine's) and ± half that round trip. They run beside the
   queries, on their own workers, so they add nothing to a node's query latency; the call as a
   whole waits for them, which costs at most (clock_samples - 1) round trips beyond a query that
-  ends after one round trip. Offsets above `offset_threshold_ms` are flagged.
+  ends after one round trip. An offset is flagged when it is above `offset_threshold_ms` even
+  at the near edge of its uncertainty (|offset| - uncertainty > threshold): a noisy measurement
+  of a good clock is not flagged, a clock that is off is.
 - Exit codes: 0 every node answered (ok or empty), 3 some did not, 4 none did.
 
 This module talks to agents and combines answers; it must not judge SQL (the agents do, with
@@ -46,6 +48,11 @@ DEFAULT_OFFSET_THRESHOLD_MS = 5.0
 _MAX_RESPONSE_BYTES = 512 << 20
 
 
+def offset_is_flagged(offset_ns, uncertainty_ns, threshold_ns):
+    """True when the clock is off by more than the threshold even allowing for the uncertainty."""
+    return abs(offset_ns) - abs(uncertainty_ns or 0) > threshold_ns
+
+
 @dataclass
 class NodeStatus:
     address: str                        # host:port as given
@@ -56,7 +63,7 @@ class NodeStatus:
     row_count: int = 0
     offset_ns: Optional[int] = None     # node realtime minus this machine's realtime
     uncertainty_ns: Optional[int] = None
-    offset_flagged: bool = False        # |offset| above the threshold
+    offset_flagged: bool = False        # |offset| - uncertainty above the threshold
     truncated: bool = False             # the node had more rows than the limit
 
     @property
@@ -102,7 +109,7 @@ class FleetResult:
             "rows": self.rows,
             "nodes": [n.to_dict() for n in self.nodes],
             "offsets": {node: {"offset_ns": off, "uncertainty_ns": unc,
-                               "flagged": abs(off) > self.offset_threshold_ns}
+                               "flagged": offset_is_flagged(off, unc, self.offset_threshold_ns)}
                         for node, (off, unc) in self.offsets.items()},
             "offset_threshold_ns": self.offset_threshold_ns,
             "exit_code": self.exit_code,
@@ -319,7 +326,7 @@ class _Connection(http.client.HTTPConnection):
                                           f"handshake within {self.timeout:g} s") from None
         except (ConnectionResetError, BrokenPipeError, ConnectionAbortedError) as exc:
             raise _NodeFailure("tls-error", f"{self.address} closed the connection during the TLS handshake "
-                                            f"({_one_line(exc)})") from None
+                                            f"({_one_line(exc)}): is it serving plain HTTP (--no-tls)?") from None
         except OSError as exc:
             raise _NodeFailure("tls-error", f"TLS handshake with {self.address} failed: {_one_line(exc)}") from None
 
@@ -563,7 +570,7 @@ def fleet_query(nodes, sql, tls=None, limit=10000, timeout_s=5.0, deadline_s=15.
             except ValueError:
                 continue
             status.offset_ns, status.uncertainty_ns = offset_ns, uncertainty_ns
-            status.offset_flagged = abs(offset_ns) > threshold_ns
+            status.offset_flagged = offset_is_flagged(offset_ns, uncertainty_ns, threshold_ns)
             offsets[status.node or status.address] = (offset_ns, uncertainty_ns)
 
     columns, rows = _combine(ordered)
