@@ -38,7 +38,8 @@ from ..errors import StragglerError, UsageError
 
 CALL_SOURCES = "('cuda', 'driver', 'nccl')"
 # A sync/collective call: the place where a waiter waits. The same rule in SQL and Python.
-WAIT_OP_SQL = "(source = 'nccl' OR op LIKE '%Synchronize%' OR op LIKE '%WaitEvent%')"
+def wait_op_sql(alias=""):
+    return f"({alias}source = 'nccl' OR {alias}op LIKE '%Synchronize%' OR {alias}op LIKE '%WaitEvent%')"
 WAITER_RISE = 1.15   # a node waits "longer than in its own baseline" when its wait share rose this much
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
@@ -237,13 +238,15 @@ SQL_INVENTORY = f"""
 SELECT node, MIN(rank) AS rank, COUNT(*) AS events,
        SUM(source IN {CALL_SOURCES}) AS calls,
        SUM(source = 'sched') AS sched_events,
-       SUM(source = 'block') AS block_events
+       SUM(source = 'block') AS block_events,
+       MIN(CASE WHEN source = 'sched' THEN ts END) AS sched_first_ts,
+       MAX(CASE WHEN source = 'sched' THEN ts + duration END) AS sched_last_ts
 FROM events
 GROUP BY node
 ORDER BY node"""
 
 SQL_RANKS = """
-SELECT node, MIN(rank) AS rank, MAX(world_size) AS world_size
+SELECT node, MIN(rank) AS rank, MAX(world_size) AS world_size, GROUP_CONCAT(DISTINCT pid) AS pids
 FROM processes
 WHERE rank IS NOT NULL
 GROUP BY node
@@ -258,7 +261,7 @@ ORDER BY node"""
 
 SQL_CALL_LATENCY = f"""
 WITH c AS (
-  SELECT node, source, op, duration,
+  SELECT node, source, op, duration, pid, tid,
          ROW_NUMBER() OVER w AS rn,
          COUNT(*) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) AS n
   FROM events
@@ -269,31 +272,37 @@ SELECT node, source, op, MAX(n) AS count,
        MIN(CASE WHEN rn >= (n * 50 + 99) / 100 THEN duration END) AS p50_ns,
        MIN(CASE WHEN rn >= (n * 99 + 99) / 100 THEN duration END) AS p99_ns,
        ROUND(AVG(duration), 1) AS mean_ns,
-       SUM(duration) AS total_ns
+       SUM(duration) AS total_ns,
+       GROUP_CONCAT(DISTINCT pid) AS pids,
+       GROUP_CONCAT(DISTINCT tid) AS tids
 FROM c
 GROUP BY node, source, op
 ORDER BY node, source, op"""
 
-# The trainer: processes that make CUDA/NCCL calls, or that carry a torchrun rank.
-_TRAINER_CTE = f"""trainer AS (
-  SELECT DISTINCT node, pid FROM events WHERE source IN {CALL_SOURCES}
-  UNION SELECT node, pid FROM processes WHERE rank IS NOT NULL
-),
-span AS (
-  SELECT e.node, MIN(e.ts) AS t0, MAX(e.ts + e.duration) AS t1
-  FROM events e JOIN trainer t ON t.node = e.node AND t.pid = e.pid
-  WHERE e.source = 'sched'
-  GROUP BY e.node
-),
-win AS (
-  SELECT node, t0, t0 + CAST((t1 - t0) * {{fraction}} AS INTEGER) AS tb, t1 FROM span
-)"""
+def _lit(v):
+    return "NULL" if v is None else str(int(v)) if isinstance(v, (int, float)) else _q(v)
 
 
-def sql_runq_share(fraction):
+def _values_cte(name, columns, rows):
+    """A CTE of literal rows: the values explain computed from earlier queries, written into the SQL."""
+    if not rows:
+        return f"{name}({', '.join(columns)}) AS (SELECT {', '.join('NULL' for _ in columns)} WHERE 0)"
+    values = ",\n    ".join("(" + ", ".join(_lit(v) for v in r) + ")" for r in rows)
+    return f"{name}({', '.join(columns)}) AS (VALUES\n    {values}\n)"
+
+
+def context_ctes(trainer_pids, windows):
+    """trainer(node, pid): the processes that make CUDA/NCCL calls or carry a torchrun rank;
+    win(node, t0, tb, t1): each node's traced span (its sched events), split at tb into its own
+    baseline [t0, tb) and the recent part [tb, t1]."""
+    return (_values_cte("trainer", ("node", "pid"), sorted(trainer_pids)) + ",\n"
+            + _values_cte("win", ("node", "t0", "tb", "t1"), sorted(windows)))
+
+
+def sql_runq_share(ctes):
     """Run-queue wait of the trainer, summed over all its threads, as % of wall time: baseline vs recent."""
     return f"""
-WITH {_TRAINER_CTE.format(fraction=fraction)}
+WITH {ctes}
 SELECT e.node,
        SUM(CASE WHEN e.ts < w.tb THEN e.duration ELSE 0 END) AS runq_baseline_ns,
        w.tb - w.t0 AS baseline_wall_ns,
@@ -303,45 +312,45 @@ SELECT e.node,
        ROUND(100.0 * SUM(CASE WHEN e.ts >= w.tb THEN e.duration ELSE 0 END) / MAX(w.t1 - w.tb, 1), 1) AS runq_recent_pct,
        COUNT(DISTINCT e.tid) AS threads
 FROM events e
-JOIN trainer t ON t.node = e.node AND t.pid = e.pid
-JOIN win w ON w.node = e.node
+CROSS JOIN trainer t ON t.node = e.node AND t.pid = e.pid
+CROSS JOIN win w ON w.node = e.node
 WHERE e.source = 'sched' AND e.op = 'runq'
 GROUP BY e.node
 ORDER BY e.node"""
 
 
-def sql_runq_threads(fraction):
+def sql_runq_threads(ctes):
     """The same per trainer thread: which thread lost the most."""
     return f"""
-WITH {_TRAINER_CTE.format(fraction=fraction)}
+WITH {ctes}
 SELECT e.node, e.tid, MIN(e.comm) AS comm,
        ROUND(100.0 * SUM(CASE WHEN e.ts < w.tb THEN e.duration ELSE 0 END) / MAX(w.tb - w.t0, 1), 1) AS runq_baseline_pct,
        ROUND(100.0 * SUM(CASE WHEN e.ts >= w.tb THEN e.duration ELSE 0 END) / MAX(w.t1 - w.tb, 1), 1) AS runq_recent_pct
 FROM events e
-JOIN trainer t ON t.node = e.node AND t.pid = e.pid
-JOIN win w ON w.node = e.node
+CROSS JOIN trainer t ON t.node = e.node AND t.pid = e.pid
+CROSS JOIN win w ON w.node = e.node
 WHERE e.source = 'sched' AND e.op = 'runq'
 GROUP BY e.node, e.tid
 ORDER BY e.node, runq_recent_pct DESC"""
 
 
-def sql_time_split(fraction):
+def sql_time_split(ctes, calling_tids):
     """Calling threads of the trainer: time in sync/collective calls (baseline and recent window), and in
     the recent window time in work calls, off-CPU blocked vs preempted, as % of wall time (a waiter:
     mostly waiting, blocked; more than in its own baseline)."""
     return f"""
-WITH {_TRAINER_CTE.format(fraction=fraction)},
-calltid AS (SELECT DISTINCT node, tid FROM events WHERE source IN {CALL_SOURCES})
+WITH {ctes},
+{_values_cte("calltid", ("node", "tid"), sorted(calling_tids))}
 SELECT e.node,
-       ROUND(100.0 * SUM(CASE WHEN e.ts < w.tb AND e.source IN {CALL_SOURCES} AND {WAIT_OP_SQL.replace('source', 'e.source').replace('op ', 'e.op ')} THEN e.duration ELSE 0 END) / MAX(w.tb - w.t0, 1), 1) AS wait_calls_baseline_pct,
-       ROUND(100.0 * SUM(CASE WHEN e.ts >= w.tb AND e.source IN {CALL_SOURCES} AND {WAIT_OP_SQL.replace('source', 'e.source').replace('op ', 'e.op ')} THEN e.duration ELSE 0 END) / MAX(w.t1 - w.tb, 1), 1) AS wait_calls_pct,
-       ROUND(100.0 * SUM(CASE WHEN e.source IN {CALL_SOURCES} AND e.ts >= w.tb AND NOT {WAIT_OP_SQL.replace('source', 'e.source').replace('op ', 'e.op ')} THEN e.duration ELSE 0 END) / MAX(w.t1 - w.tb, 1), 1) AS work_calls_pct,
+       ROUND(100.0 * SUM(CASE WHEN e.ts < w.tb AND e.source IN {CALL_SOURCES} AND {wait_op_sql('e.')} THEN e.duration ELSE 0 END) / MAX(w.tb - w.t0, 1), 1) AS wait_calls_baseline_pct,
+       ROUND(100.0 * SUM(CASE WHEN e.ts >= w.tb AND e.source IN {CALL_SOURCES} AND {wait_op_sql('e.')} THEN e.duration ELSE 0 END) / MAX(w.t1 - w.tb, 1), 1) AS wait_calls_pct,
+       ROUND(100.0 * SUM(CASE WHEN e.source IN {CALL_SOURCES} AND e.ts >= w.tb AND NOT {wait_op_sql('e.')} THEN e.duration ELSE 0 END) / MAX(w.t1 - w.tb, 1), 1) AS work_calls_pct,
        ROUND(100.0 * SUM(CASE WHEN e.ts >= w.tb AND e.op = 'offcpu' AND e.state = 'blocked' THEN e.duration ELSE 0 END) / MAX(w.t1 - w.tb, 1), 1) AS blocked_pct,
        ROUND(100.0 * SUM(CASE WHEN e.ts >= w.tb AND e.op = 'offcpu' AND e.state = 'preempted' THEN e.duration ELSE 0 END) / MAX(w.t1 - w.tb, 1), 1) AS preempted_pct,
        COUNT(DISTINCT e.tid) AS calling_threads
 FROM events e
-JOIN calltid c ON c.node = e.node AND c.tid = e.tid
-JOIN win w ON w.node = e.node
+CROSS JOIN calltid c ON c.node = e.node AND c.tid = e.tid
+CROSS JOIN win w ON w.node = e.node
 WHERE e.source IN {CALL_SOURCES} OR (e.source = 'sched' AND e.op = 'offcpu')
 GROUP BY e.node
 ORDER BY e.node"""
@@ -417,14 +426,14 @@ WHERE node = {_q(node)} AND source IN ('sched', 'block')
 GROUP BY node"""
 
 
-def sql_offcpu_window(node, fraction):
+def sql_offcpu_window(node, ctes):
     """No slow calls to look at (no CUDA/NCCL events): off-CPU time of the trainer in the recent window."""
     return f"""
-WITH {_TRAINER_CTE.format(fraction=fraction)}
+WITH {ctes}
 SELECT e.node, e.state, e.other_comm, e.other_pid, COUNT(*) AS intervals, SUM(e.duration) AS overlap_ns
 FROM events e
-JOIN trainer t ON t.node = e.node AND t.pid = e.pid
-JOIN win w ON w.node = e.node
+CROSS JOIN trainer t ON t.node = e.node AND t.pid = e.pid
+CROSS JOIN win w ON w.node = e.node
 WHERE e.source = 'sched' AND e.op = 'offcpu' AND e.ts >= w.tb AND e.node = {_q(node)}
 GROUP BY e.node, e.state, e.other_comm, e.other_pid
 ORDER BY overlap_ns DESC"""
@@ -518,11 +527,23 @@ def _explain(runner, opts, source):
     inventory = runner.rows(SQL_INVENTORY)
     ranks = {r["node"]: r for r in runner.rows(SQL_RANKS)}
     latency = runner.rows(SQL_CALL_LATENCY)
-    runq_sql = sql_runq_share(opts.baseline_fraction)
+    # the trainer's processes and calling threads, and each node's windows, as literals for the next queries
+    trainer_pids, calling_tids, windows = set(), set(), []
+    for r in latency:
+        trainer_pids.update((r["node"], int(p)) for p in str(r["pids"] or "").split(",") if p)
+        calling_tids.update((r["node"], int(t)) for t in str(r["tids"] or "").split(",") if t)
+    for r in ranks.values():
+        trainer_pids.update((r["node"], int(p)) for p in str(r["pids"] or "").split(",") if p)
+    for r in inventory:
+        if r["sched_first_ts"] is not None:
+            t0, t1 = int(r["sched_first_ts"]), int(r["sched_last_ts"])
+            windows.append((r["node"], t0, t0 + int((t1 - t0) * opts.baseline_fraction), t1))
+    ctes = context_ctes(trainer_pids, windows)
+    runq_sql = sql_runq_share(ctes)
     runq = {r["node"]: r for r in runner.rows(runq_sql)}
-    threads_sql = sql_runq_threads(opts.baseline_fraction)
+    threads_sql = sql_runq_threads(ctes)
     runq_threads = runner.rows(threads_sql)
-    split_sql = sql_time_split(opts.baseline_fraction)
+    split_sql = sql_time_split(ctes, calling_tids)
     split = {r["node"]: r for r in runner.rows(split_sql)}
     lost = runner.rows(SQL_LOST)
 
@@ -617,7 +638,7 @@ def _explain(runner, opts, source):
 
     if straggler:
         _straggler_findings(runner, report, opts, straggler, candidates[0], op_stats, by_op, runq, runq_sql,
-                            runq_threads, threads_sql, runq_signal, split, split_sql, rank_of, nodes)
+                            runq_threads, threads_sql, runq_signal, split, split_sql, rank_of, nodes, ctes)
         for score, n, lat, rq_hit in candidates[1:]:
             findings.append(Finding(
                 severity="warning", node=n, cause="outlier",
@@ -668,7 +689,7 @@ def _describe_signals(lat, rq_hit, rq_row, rq_st):
 
 
 def _straggler_findings(runner, report, opts, s, candidate, op_stats, by_op, runq, runq_sql, runq_threads,
-                        threads_sql, runq_signal, split, split_sql, rank_of, nodes):
+                        threads_sql, runq_signal, split, split_sql, rank_of, nodes, ctes):
     findings = report.findings
     _, _, lat, rq_hit = candidate
     rank = rank_of.get(s)
@@ -761,7 +782,7 @@ def _straggler_findings(runner, report, opts, s, candidate, op_stats, by_op, run
         _cause_findings(report, s, offcpu, runq_in, io, slowdown, window_desc,
                         dict(base_sql, offcpu_in_slow_calls=offcpu_sql.strip()), runq_in_sql, io_sql, slow_sql)
     else:
-        win_sql = sql_offcpu_window(s, opts.baseline_fraction)
+        win_sql = sql_offcpu_window(s, ctes)
         offcpu = runner.rows(win_sql)
         total = sum(r["overlap_ns"] or 0 for r in offcpu)
         _cause_findings(report, s, offcpu, [], [], total, f"the recent window of {s}'s trainer (no slow calls to "

@@ -1,0 +1,185 @@
+"""Speed of the analysis part, each against a baseline measured in the same run:
+
+  merge      `straggler merge` of 4 synthetic node stores (node-aware copy of every table, clock
+             alignment per event, UNIQUE (node, seq) and the standard indexes) vs SQLite's own
+             INSERT … SELECT of the same events into one unindexed table (the floor for any copy),
+             and that copy plus the same four indexes
+  explain    explain_db on the merged cluster database (1M and 10M events); baseline: one
+             full-scan aggregate over the same events (SELECT node, op, COUNT, AVG … GROUP BY)
+  export     export_perfetto of 1M events, in a subprocess: wall time, peak RSS (ru_maxrss) and the
+             Python heap's peak (tracemalloc); baseline: the same subprocess that only opens the
+             database and counts the events (its RSS is the floor), and export of one node's quarter
+             of the trace (memory must not grow with the length)
+
+Inputs come from straggler.analysis.synth (scenario io_cpu, four nodes). Writes
+bench/results/analysis.json and prints a table. `--quick`: 100k and 300k events instead of 1M and 10M.
+"""
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "agent"))
+
+from straggler import render  # noqa: E402
+from straggler.analysis import explain, merge, synth  # noqa: E402
+
+EXPORT_CHILD = r"""
+import json, resource, sys, time, tracemalloc, sqlite3
+sys.path.insert(0, sys.argv[1])
+mode, db, out = sys.argv[2], sys.argv[3], sys.argv[4]
+from straggler.analysis.export import export_perfetto
+tracemalloc.start()
+t = time.perf_counter()
+if mode == "export":
+    summary = export_perfetto(db, out, findings=False)
+    n = summary["events"]
+else:
+    conn = sqlite3.connect("file:" + db + "?mode=ro", uri=True)
+    n = conn.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+elapsed = time.perf_counter() - t
+print(json.dumps(dict(elapsed_s=elapsed, trace_events=n, heap_peak_bytes=tracemalloc.get_traced_memory()[1],
+                      maxrss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)))
+"""
+
+
+def timed(fn, *a, **kw):
+    t = time.perf_counter()
+    out = fn(*a, **kw)
+    return time.perf_counter() - t, out
+
+
+def make_nodes(work, events, tag):
+    d = os.path.join(work, f"nodes-{tag}")
+    secs, facts = timed(synth.write_nodes, d, synth.SynthSpec(scenario="io_cpu", events=events))
+    return secs, facts
+
+
+def baseline_insert_select(paths, out):
+    """SQLite's own INSERT … SELECT of every input's events into one unindexed table."""
+    if os.path.exists(out):
+        os.unlink(out)
+    conn = sqlite3.connect(out, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=OFF")
+    conn.execute("PRAGMA synchronous=OFF")
+    cols = [r[1] for r in sqlite3.connect(paths[0]).execute("PRAGMA table_info(events)") if r[1] != "id"]
+    conn.execute(f"CREATE TABLE events ({', '.join(cols)})")
+    t = time.perf_counter()
+    for p in paths:
+        conn.execute("ATTACH DATABASE ? AS src", (p,))
+        conn.execute("BEGIN")
+        conn.execute(f"INSERT INTO events SELECT {', '.join(cols)} FROM src.events")
+        conn.execute("COMMIT")
+        conn.execute("DETACH DATABASE src")
+    secs = time.perf_counter() - t
+    n = conn.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+    t = time.perf_counter()       # the same four indexes merge builds
+    conn.execute("CREATE UNIQUE INDEX events_node_seq ON events(node, seq)")
+    conn.execute("CREATE INDEX events_source_op_ts ON events(source, op, ts)")
+    conn.execute("CREATE INDEX events_pid_ts ON events(pid, ts)")
+    conn.execute("CREATE INDEX events_ts ON events(ts)")
+    index_secs = time.perf_counter() - t
+    conn.close()
+    os.unlink(out)
+    return secs, index_secs, n
+
+
+def scan_baseline(db):
+    conn = sqlite3.connect(db)
+    t = time.perf_counter()
+    conn.execute("SELECT node, op, COUNT(*), AVG(duration) FROM events GROUP BY node, op").fetchall()
+    secs = time.perf_counter() - t
+    conn.close()
+    return secs
+
+
+def export_child(mode, db, out):
+    res = subprocess.run([sys.executable, "-c", EXPORT_CHILD, str(REPO / "agent"), mode, db, out],
+                         capture_output=True, text=True, timeout=3600)
+    if res.returncode != 0:
+        raise RuntimeError(res.stderr)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="100k and 300k events instead of 1M and 10M")
+    ap.add_argument("--work", default=None, help="scratch directory (default: a temporary one)")
+    args = ap.parse_args(argv)
+    sizes = [100_000, 300_000] if args.quick else [1_000_000, 10_000_000]
+    export_size = sizes[0]
+    work = tempfile.mkdtemp(prefix="bench-analysis-", dir=args.work)
+    results = dict(quick=args.quick, sizes=sizes, runs=[], export=None, machine=dict(cpus=os.cpu_count()))
+    rows = []
+    try:
+        for size in sizes:
+            synth_s, facts = make_nodes(work, size, size)
+            paths = [f["path"] for f in facts["files"]]
+            n_events = facts["events"]
+            cluster = os.path.join(work, f"cluster-{size}.db")
+            base_s, index_s, base_n = baseline_insert_select(paths, os.path.join(work, "baseline.db"))
+            merge_s, summary = timed(merge.merge, paths, cluster, offsets=facts["offsets"])
+            assert summary["rows"]["events"] == base_n == n_events
+            scan_s = scan_baseline(cluster)
+            explain_s, report = timed(explain.explain_db, cluster)
+            run = dict(events=n_events, synth_s=round(synth_s, 2),
+                       merge_s=round(merge_s, 2), merge_rows_per_s=int(n_events / merge_s),
+                       insert_select_s=round(base_s, 2), insert_select_rows_per_s=int(n_events / base_s),
+                       merge_vs_insert_select=round(merge_s / base_s, 2),
+                       insert_select_plus_indexes_s=round(base_s + index_s, 2),
+                       merge_vs_insert_select_plus_indexes=round(merge_s / (base_s + index_s), 2),
+                       explain_s=round(explain_s, 2), scan_baseline_s=round(scan_s, 2),
+                       explain_vs_scan=round(explain_s / scan_s, 2), straggler=report.straggler,
+                       cluster_db_bytes=os.path.getsize(cluster))
+            results["runs"].append(run)
+            rows.append((f"{n_events:,}", run["merge_s"], run["merge_rows_per_s"], run["insert_select_rows_per_s"],
+                         run["merge_vs_insert_select"], run["merge_vs_insert_select_plus_indexes"], run["explain_s"],
+                         run["scan_baseline_s"], report.straggler))
+            print(f"[{n_events:,} events] synth {synth_s:.1f} s, merge {merge_s:.1f} s, explain {explain_s:.1f} s",
+                  file=sys.stderr, flush=True)
+            if size == export_size:
+                short = os.path.join(work, "short.db")
+                merge.merge(paths[:1], short)    # one node: ~1/4 of the events
+                out = os.path.join(work, "trace.json")
+                floor = export_child("open", cluster, out)
+                full = export_child("export", cluster, out)
+                short_run = export_child("export", short, out)
+                results["export"] = dict(events=n_events, trace_events=full["trace_events"],
+                                         export_s=round(full["elapsed_s"], 2),
+                                         maxrss_kib=full["maxrss_kib"], heap_peak_bytes=full["heap_peak_bytes"],
+                                         open_only_maxrss_kib=floor["maxrss_kib"],
+                                         short_events=short_run["trace_events"], short_maxrss_kib=short_run["maxrss_kib"],
+                                         short_heap_peak_bytes=short_run["heap_peak_bytes"],
+                                         trace_bytes=os.path.getsize(out))
+            for p in paths:
+                os.unlink(p)
+            os.unlink(cluster)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    out_dir = REPO / "bench" / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "analysis.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(render.table_text(["events", "merge s", "merge rows/s", "INSERT…SELECT rows/s", "merge ÷ INSERT…SELECT",
+                             "merge ÷ (INSERT…SELECT + indexes)", "explain s", "GROUP BY scan s", "straggler"],
+                            rows, title="merge and explain"), end="")
+    e = results["export"]
+    if e:
+        print(render.table_text(
+            ["events", "trace events", "export s", "peak RSS MiB", "heap peak MiB", "open-only RSS MiB",
+             "short trace events", "short peak RSS MiB"],
+            [(f"{e['events']:,}", e["trace_events"], e["export_s"], round(e["maxrss_kib"] / 1024, 1),
+              round(e["heap_peak_bytes"] / 2**20, 1), round(e["open_only_maxrss_kib"] / 1024, 1),
+              e["short_events"], round(e["short_maxrss_kib"] / 1024, 1))], title="export (subprocess)"), end="")
+    print(f"results: {out_dir / 'analysis.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
