@@ -216,3 +216,27 @@ def test_fleet_mode_runs_the_same_sql_on_every_node_and_states_the_unreachable(t
     missing = _by_cause(report, "missing-nodes")
     assert missing and "gpu-node-05:7433 (unreachable)" in missing[0].summary
     assert all("GROUP BY" in sql and "node" in sql for sql in seen_sql)
+
+
+def test_fleet_mode_through_the_real_client_and_agents_api(tmp_path):
+    """Four real `straggler serve` servers (plain HTTP on loopback, in this process), a fifth address
+    with nothing listening: explain_fleet names the straggler and says which node did not answer."""
+    import socket
+    from straggler.api.server import start_background
+    from straggler.tls import TLSOptions
+    facts = synth.write_nodes(str(tmp_path), synth.SynthSpec(scenario="io_cpu", events=EVENTS, straggler=3))
+    tls = TLSOptions(no_tls=True)
+    handles = [start_background(f["path"], node=f["node"], listen="127.0.0.1:0", tls=tls) for f in facts["files"]]
+    with socket.socket() as s:                     # a port with nothing behind it
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    try:
+        nodes = [f"127.0.0.1:{h.port}" for h in handles] + [f"127.0.0.1:{dead}"]
+        report = explain.explain_fleet(nodes, tls)
+    finally:
+        for h in handles:
+            h.stop()
+    assert report.straggler == "gpu-node-04", report.to_text()
+    assert any("ckpt-writer" in f.summary for f in _by_cause(report, "cpu-contention"))
+    missing = _by_cause(report, "missing-nodes")
+    assert missing and f"127.0.0.1:{dead}" in missing[0].summary

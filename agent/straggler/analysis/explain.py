@@ -467,7 +467,7 @@ class _FleetRunner:
 
     def rows(self, sql):
         result = self._fleet_query(self.nodes, sql, self.tls, limit=200000, timeout_s=self.timeout_s,
-                                   deadline_s=self.deadline_s)
+                                   deadline_s=self.deadline_s, clock_samples=0)   # explain needs no offsets
         for st in result.nodes:
             name = st.node or st.address
             if st.status in ("ok", "empty"):
