@@ -5,7 +5,6 @@ What a user would notice: every node's rows come back under the node's own name;
 stopped, hung or unreachable are listed with their status while the others still answer; the
 call ends by its deadline; a node whose wall clock is 2.5 s ahead is measured as 2.5 s ahead."""
 import json
-import os
 import select
 import signal
 import subprocess

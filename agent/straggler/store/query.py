@@ -16,7 +16,7 @@ import socket
 import sqlite3
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, List
 
 from ..errors import StragglerError
