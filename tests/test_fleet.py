@@ -312,12 +312,17 @@ def test_parse_nodes_from_specs_files_and_ansible_inventories(tmp_path):
         gpu-node-02 ansible_host=10.213.7.12 straggler_agent_port=9999
         gpu-node-[03:04]
 
+        [live]
+        gpu-node-01
+        gpu-node-02
+
         [gpu:vars]
         ansible_user=root
 
         [all:children]
         gpu
     """))
+    # a host in several groups is one node, with its variables merged (the test bed's inventory has that shape)
     assert parse_nodes(str(ini)) == ["10.213.7.11:7433", "10.213.7.12:9999", "gpu-node-03:7433", "gpu-node-04:7433"]
     yml = tmp_path / "inventory.yml"
     yml.write_text(textwrap.dedent("""
@@ -327,6 +332,9 @@ def test_parse_nodes_from_specs_files_and_ansible_inventories(tmp_path):
               hosts:
                 gpu-node-01: {ansible_host: 10.213.7.11}
                 gpu-node-02:
+            live:
+              hosts:
+                gpu-node-01:
           hosts:
             gpu-node-09: {ansible_host: 10.213.7.19, straggler_agent_port: 7500}
     """))

@@ -27,6 +27,7 @@ import json
 import os
 import queue
 import re
+import shlex
 import socket
 import ssl
 import threading
@@ -177,36 +178,54 @@ def _host_port_from_vars(name, host_vars, default_port):
 
 
 def _parse_ini_inventory(text, default_port):
-    nodes, section_kind = [], "hosts"
+    """Hosts of an INI inventory, once each (a host listed in several groups has its variables
+    merged, as Ansible does); [all:vars] gives defaults."""
+    hosts, all_vars, section, kind = {}, {}, "ungrouped", "hosts"
     for raw in text.splitlines():
-        line = raw.split("#", 1)[0].split(";", 1)[0].strip() if not raw.lstrip().startswith(("#", ";")) else ""
-        if not line:
+        stripped = raw.strip()
+        if not stripped or stripped.startswith(("#", ";")):
             continue
-        if line.startswith("[") and line.endswith("]"):
-            header = line[1:-1]
-            section_kind = header.split(":", 1)[1] if ":" in header else "hosts"
+        if stripped.startswith("[") and stripped.endswith("]"):
+            header = stripped[1:-1]
+            section, _, kind = header.partition(":")
+            kind = kind or "hosts"
             continue
-        if section_kind != "hosts":   # [group:vars], [group:children]
+        try:
+            tokens = shlex.split(stripped, comments=True)
+        except ValueError:
+            tokens = stripped.split()
+        if not tokens:
             continue
-        tokens = line.split()
+        if kind == "vars":
+            if section == "all":
+                key, sep, value = stripped.partition("=")
+                if sep:
+                    all_vars[key.strip()] = value.strip().strip("'\"")
+            continue
+        if kind != "hosts":   # [group:children]
+            continue
         host_vars = {}
         for token in tokens[1:]:
             key, sep, value = token.partition("=")
             if sep:
                 host_vars[key] = value.strip("'\"")
         for name in _expand_range(tokens[0]):
-            nodes.append(_host_port_from_vars(name, host_vars, default_port))
-    return nodes
+            hosts.setdefault(name, {}).update(host_vars)
+    return [_host_port_from_vars(name, {**all_vars, **host_vars}, default_port) for name, host_vars in hosts.items()]
 
 
-def _walk_yaml_group(group, default_port, out):
+def _walk_yaml_group(group, hosts, group_vars):
     if not isinstance(group, dict):
         return
+    inherited = {**group_vars, **(group.get("vars") or {})}
     for name, host_vars in (group.get("hosts") or {}).items():
         for expanded in _expand_range(str(name)):
-            out.append(_host_port_from_vars(expanded, host_vars if isinstance(host_vars, dict) else {}, default_port))
+            merged = hosts.setdefault(expanded, {})
+            for key, value in inherited.items():
+                merged.setdefault(key, value)
+            merged.update(host_vars if isinstance(host_vars, dict) else {})
     for child in (group.get("children") or {}).values():
-        _walk_yaml_group(child, default_port, out)
+        _walk_yaml_group(child, hosts, inherited)
 
 
 def _parse_yaml_inventory(text, default_port, path):
@@ -219,11 +238,11 @@ def _parse_yaml_inventory(text, default_port, path):
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise StragglerError(f"{path}: not valid YAML ({' '.join(str(exc).split())[:160]})") from None
-    out = []
+    hosts = {}
     if isinstance(data, dict):
         for group in data.values():
-            _walk_yaml_group(group, default_port, out)
-    return out
+            _walk_yaml_group(group, hosts, {})
+    return [_host_port_from_vars(name, host_vars, default_port) for name, host_vars in hosts.items()]
 
 
 def parse_nodes(spec_or_file, default_port=DEFAULT_PORT):
