@@ -73,17 +73,27 @@ def shown(proc):
     return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-6000:]}"
 
 
-def test_collection_unit_tests_pass():
+@pytest.fixture(scope="module")
+def sanity_run(tmp_path_factory):
+    """`ansible-test sanity` started in the background by the first test (it is the slowest part,
+    and mostly single-threaded), so the playbook tests run meanwhile; finished and checked by
+    test_ansible_test_sanity_passes, the module's last test; stopped (by its pid) if still running
+    when the module's tests end."""
+    log = tmp_path_factory.mktemp("sanity") / "sanity.log"
+    with open(log, "w") as handle:
+        proc = subprocess.Popen(["bash", str(REPO / "scripts" / "sanity.sh")], cwd=str(REPO), stdout=handle,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    yield dict(proc=proc, log=log)
+    if proc.poll() is None:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=30)
+
+
+def test_collection_unit_tests_pass(sanity_run):
     proc = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", COLLECTION / "tests" / "unit"],
                env=dict(os.environ), cwd=REPO, timeout=300)
     assert proc.returncode == 0, shown(proc)
     assert " passed" in proc.stdout and " failed" not in proc.stdout
-
-
-def test_ansible_test_sanity_passes():
-    proc = run(["bash", REPO / "scripts" / "sanity.sh"], env=dict(os.environ), cwd=REPO, timeout=600)
-    assert proc.returncode == 0, shown(proc)
-    assert "FATAL" not in proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope="module")
@@ -279,3 +289,14 @@ def test_check_mode_runs_through_and_writes_nothing(fleet):
     assert not (out / "events.json").exists()
     assert not (out / "collected").exists() and not (out / "cluster.db").exists()
     assert os.listdir(out / "host-tmp") == []
+
+
+def test_ansible_test_sanity_passes(sanity_run):
+    proc = sanity_run["proc"]
+    try:
+        returncode = proc.wait(timeout=600)
+    except subprocess.TimeoutExpired:
+        pytest.fail("ansible-test sanity did not finish within 600 s")
+    output = sanity_run["log"].read_text()
+    assert returncode == 0, output[-8000:]
+    assert "FATAL" not in output and 'Running sanity test "validate-modules"' in output
