@@ -111,6 +111,8 @@ class ActionModule(ActionBase):
                     timed_samples.append((sent, int(answer['real_ns']), received))
         finally:
             self._remove_tmp_path(self._connection._shell.tmpdir)
+        if len(timed_samples) == 1:
+            probe = 'module'  # samples=1: the module run was the only round trip
 
         fact = clock_fact(timed_samples, pair, estimate_offset, probe, connection_method(self._connection.transport))
         facts = dict(pair.get('ansible_facts') or {})

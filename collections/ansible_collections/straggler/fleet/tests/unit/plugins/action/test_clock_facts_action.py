@@ -91,6 +91,13 @@ def test_without_nanosecond_date_the_module_is_timed_instead(action_factory, mon
     assert fact['uncertainty_ns'] == 50 * MS
 
 
+def test_one_sample_is_the_module_run(action_factory, monkeypatch):
+    host = SimulatedHost([])
+    fact = run_action(action_factory, monkeypatch, host, dict(samples=1))['ansible_facts']['straggler_clock']
+    assert fact['samples'] == 1 and fact['probe'] == 'module' and host.commands == []
+    assert fact['uncertainty_ns'] == 50 * MS
+
+
 def test_an_unreachable_host_is_passed_through(action_factory, monkeypatch):
     host = SimulatedHost([])
     host.execute_module = lambda **kwargs: dict(unreachable=True, msg='Failed to connect')
