@@ -1,0 +1,314 @@
+"""Integration tests of the roles (agent, pki) and the playbooks on the multi-host test bed: real
+SSH, real agents with eBPF (scope netns: the test bed's hosts share one kernel), real mutual TLS.
+
+The test bed has four live hosts gpu-node-01..04 and a dead one, gpu-node-dead (SSH hangs until
+the timeout). What a user would notice is asserted: the playbooks finish with the live hosts'
+results, list the dead host, exit with the documented status (playbooks/README.md: 4 when a host
+was unreachable, 2 when one answered with an error or a straggler was found, 0 when complete), a
+second deployment changes nothing, and the deployed hosts look right from the outside
+(pytest-testinfra over the test bed's inventory, TLS handshakes from the controller).
+
+The tests of this module run in order and share one deployment (module-scoped fixtures); the last
+one removes it. They must not touch the repository's .pki/, results/ or build/: everything the
+playbooks write goes to a temporary directory.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import sqlite3
+import ssl
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = REPO / ".venv" / "bin"
+ANSIBLE_PLAYBOOK = VENV_BIN / "ansible-playbook"
+LIVE = ["gpu-node-01", "gpu-node-02", "gpu-node-03", "gpu-node-04"]
+DEAD = "gpu-node-dead"
+AGENT_PORT = 7433
+PLAYBOOK_TIMEOUT_S = 600
+RECAP_RE = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)"
+                      r"\s+rescued=(\d+)\s+ignored=(\d+)", re.M)
+
+# Deploying compiles the BPF programs on four hosts at once: minutes on a busy 2-core machine.
+pytestmark = [pytest.mark.bpf, pytest.mark.timeout(1800)]
+
+
+@dataclass
+class PlaybookRun:
+    argv: list
+    rc: int
+    stdout: str
+    stderr: str
+    recap: dict = field(default_factory=dict)   # host -> {ok, changed, unreachable, failed, ...}
+
+    def explain(self) -> str:
+        return f"$ {' '.join(map(str, self.argv))}\nrc={self.rc}\n{self.stdout[-6000:]}\n{self.stderr[-3000:]}"
+
+
+def parse_recap(stdout: str) -> dict:
+    keys = ("ok", "changed", "unreachable", "failed", "skipped", "rescued", "ignored")
+    return {m.group(1): dict(zip(keys, map(int, m.groups()[1:]))) for m in RECAP_RE.finditer(stdout)}
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory, testbed):
+    """A private copy of the package sources (so the wheel does not change under the test when
+    someone edits the tree), and private PKI, wheel cache and results directories."""
+    root = tmp_path_factory.mktemp("playbooks")
+    source = root / "source"
+    source.mkdir()
+    shutil.copy2(REPO / "pyproject.toml", source / "pyproject.toml")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "*.so")
+    for tree in ("agent", "bpf"):
+        shutil.copytree(REPO / tree, source / tree, ignore=ignore)
+    return root
+
+
+def playbook_vars(work: Path, **extra) -> str:
+    data = {"straggler_pki_dir": str(work / "pki"), "straggler_agent_source_dir": str(work / "source"),
+            "straggler_agent_wheel_cache": str(work / "wheels"), "results_dir": str(work / "results"),
+            "scope": "netns", "straggler_agent_start_timeout": 240}
+    data.update(extra)
+    return json.dumps(data)
+
+
+def run_playbook(testbed, work: Path, name: str, *args: str, limit: str | None = None, **extra) -> PlaybookRun:
+    env = testbed.ansible_env()
+    env["ANSIBLE_CALLBACKS_ENABLED"] = "straggler.fleet.summary"
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    argv = [str(ANSIBLE_PLAYBOOK), "-i", str(testbed.inventory), f"playbooks/{name}", "-e", playbook_vars(work, **extra)]
+    if limit:
+        argv += ["--limit", limit]
+    argv += list(args)
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=PLAYBOOK_TIMEOUT_S,
+                          stdin=subprocess.DEVNULL)
+    logs = work / "logs"
+    logs.mkdir(exist_ok=True)
+    (logs / f"{len(list(logs.iterdir())):02d}-{name}.log").write_text(proc.stdout + proc.stderr)
+    return PlaybookRun(argv, proc.returncode, proc.stdout, proc.stderr, parse_recap(proc.stdout))
+
+
+@pytest.fixture(scope="module")
+def deployed(testbed, work):
+    """trace.yml three times: in check mode on hosts without the agent, for real, and again."""
+    for name in LIVE:  # a fresh start even if an earlier test file deployed agents here
+        testbed.exec(name, ["sh", "-c", "[ -x /opt/straggler/bin/straggler-agentctl ] && "
+                                        "/usr/bin/python3 /opt/straggler/bin/straggler-agentctl stop; "
+                                        "rm -rf /opt/straggler/venv /etc/straggler/agent.yml /etc/straggler/tls"],
+                     timeout=60)
+    check = run_playbook(testbed, work, "trace.yml", "--check")
+    first = run_playbook(testbed, work, "trace.yml")
+    second = run_playbook(testbed, work, "trace.yml")
+    return {"check": check, "first": first, "second": second}
+
+
+@pytest.fixture(scope="module")
+def hosts(testbed, deployed):
+    """testinfra hosts (ansible backend, the test bed's inventory), by name."""
+    testinfra = pytest.importorskip("testinfra")
+    old = {k: os.environ.get(k) for k in ("ANSIBLE_CONFIG", "PATH")}
+    os.environ["ANSIBLE_CONFIG"] = str(testbed.ansible_cfg)
+    os.environ["PATH"] = f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+    try:
+        yield {name: testinfra.get_host(f"ansible://{name}", ansible_inventory=str(testbed.inventory)) for name in LIVE}
+    finally:
+        for key, value in old.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def agent_status(testbed, name: str) -> dict:
+    proc = testbed.exec(name, ["/usr/bin/python3", "/opt/straggler/bin/straggler-agentctl", "status"], timeout=60)
+    return json.loads(proc.stdout or "{}")
+
+
+def tls_handshake(address: str, work: Path, max_version: ssl.TLSVersion) -> str:
+    """Handshake with the agent as the fleet's controller would; returns the TLS version."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.load_verify_locations(str(work / "pki" / "ca.crt"))
+    ctx.load_cert_chain(str(work / "pki" / "controller.crt"), str(work / "pki" / "controller.key"))
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.maximum_version = max_version
+    with socket.create_connection((address, AGENT_PORT), timeout=15) as sock:
+        with ctx.wrap_socket(sock, server_hostname=address) as tls:
+            return tls.version()
+
+
+# --------------------------------------------------------------------------- trace.yml
+
+def test_check_mode_on_hosts_without_the_agent_fails_nothing(deployed):
+    run = deployed["check"]
+    for name in LIVE:
+        assert run.recap[name]["failed"] == 0, run.explain()
+        assert run.recap[name]["changed"] > 0, run.explain()   # it says what it would do
+    assert run.recap[DEAD]["unreachable"] == 1, run.explain()
+
+
+def test_trace_deploys_and_starts_agents_and_lists_the_dead_host(deployed, testbed):
+    run = deployed["first"]
+    assert run.rc == 4, "a partial run (one host unreachable) exits 4\n" + run.explain()
+    for name in LIVE:
+        assert run.recap[name]["failed"] == 0 and run.recap[name]["unreachable"] == 0, run.explain()
+    assert run.recap[DEAD]["unreachable"] == 1, run.explain()
+    assert "4 of 5 hosts tracing" in run.stdout and "Missing (unreachable or failed): gpu-node-dead" in run.stdout, \
+        run.explain()
+    for name in LIVE:
+        status = agent_status(testbed, name)
+        assert status.get("running") and status.get("current_config"), (name, status)
+
+
+def test_second_trace_run_changes_nothing(deployed):
+    run = deployed["second"]
+    assert run.rc == 4, run.explain()
+    for name in LIVE:
+        assert run.recap[name]["changed"] == 0 and run.recap[name]["failed"] == 0, \
+            f"{name} changed on the second run\n" + run.explain()
+
+
+@pytest.mark.parametrize("name", LIVE)
+def test_deployed_files_have_their_owners_and_modes(hosts, name):
+    host = hosts[name]
+    expected = {
+        "/etc/straggler/tls": (0o750, True), "/etc/straggler/tls/ca.crt": (0o644, False),
+        "/etc/straggler/tls/node.crt": (0o644, False), "/etc/straggler/tls/node.key": (0o600, False),
+        "/etc/straggler/agent.yml": (0o644, False), "/opt/straggler/bin/straggler-agentctl": (0o755, False),
+        "/opt/straggler/venv/bin/straggler": (None, False), "/var/lib/straggler": (0o750, True),
+    }
+    for path, (mode, is_dir) in expected.items():
+        f = host.file(path)
+        assert f.exists, f"{name}: {path} missing"
+        assert f.user == "root" and f.group == "root", f"{name}: {path} owned by {f.user}:{f.group}"
+        if mode is not None:
+            assert f.mode == mode, f"{name}: {path} has mode {oct(f.mode)}, expected {oct(mode)}"
+        assert f.is_directory == is_dir
+    config = json.loads("".join(line for line in host.file("/etc/straggler/agent.yml").content_string.splitlines(True)
+                                if not line.startswith("#")))
+    assert config["node"] == name and config["scope"] == "netns" and config["port"] == AGENT_PORT
+    assert config["argv"][:2] == ["/opt/straggler/venv/bin/straggler", "trace"]
+    # the venv sees the system's BCC, and the agent package came from the wheel (no network)
+    assert host.run("/opt/straggler/venv/bin/python -c 'import bcc, straggler.agent'").rc == 0
+
+
+@pytest.mark.parametrize("name", LIVE)
+def test_agent_process_runs_and_its_port_listens(hosts, testbed, name):
+    host = hosts[name]
+    status = agent_status(testbed, name)
+    agent = host.process.get(pid=status["agent_pid"])
+    assert "straggler trace" in agent.args and f"--node {name}" in agent.args and "--scope netns" in agent.args
+    assert host.file("/run/straggler/agent.pid").content_string.strip() == str(status["supervisor_pid"])
+    assert host.socket(f"tcp://0.0.0.0:{AGENT_PORT}").is_listening
+    assert "tracing" in host.file("/var/log/straggler/agent.log").content_string
+
+
+@pytest.mark.parametrize("name", LIVE)
+def test_agent_port_speaks_tls13_only(deployed, testbed, work, name):
+    address = testbed.hosts[name]
+    assert tls_handshake(address, work, ssl.TLSVersion.TLSv1_3) == "TLSv1.3"
+    with pytest.raises(ssl.SSLError):
+        tls_handshake(address, work, ssl.TLSVersion.TLSv1_2)
+
+
+# --------------------------------------------------------------------------- fleet_query.yml
+
+def _results(work: Path, run: PlaybookRun) -> dict:
+    match = re.search(r"rows from \d+ of \d+ hosts in (\S+\.json)", run.stdout)
+    assert match, run.explain()
+    path = Path(match.group(1))
+    assert path.parent == work / "results", path
+    return json.loads(path.read_text())
+
+
+SQL = "SELECT count(*) AS probes FROM probes"
+
+
+def test_fleet_query_over_ssh_returns_each_hosts_rows_and_lists_the_dead_host(deployed, testbed, work):
+    run = run_playbook(testbed, work, "fleet_query.yml", sql=SQL)
+    assert run.rc == 4, run.explain()
+    results = _results(work, run)
+    assert results["columns"] == ["node", "probes"], results
+    by_node = {row[0]: row[1] for row in results["rows"]}
+    assert sorted(by_node) == LIVE, results
+    assert all(count > 0 for count in by_node.values()), results    # each agent attached its probes
+    statuses = {h["host"]: h["status"] for h in results["hosts"]}
+    assert statuses[DEAD] == "unreachable" and results["missing"] == [DEAD], results
+    assert sorted(results["offsets"]) == LIVE
+    assert all("offset_ns" in o and "uncertainty_ns" in o for o in results["offsets"].values()), results
+    assert "gpu-node-dead" in run.stdout and "Missing: gpu-node-dead" in run.stdout
+
+
+def test_fleet_query_over_https_asks_every_agent_and_lists_the_dead_host(deployed, testbed, work):
+    run = run_playbook(testbed, work, "fleet_query.yml", sql=SQL, transport="https")
+    assert run.rc == 2, "(https) an agent that does not answer fails the run at the end\n" + run.explain()
+    results = _results(work, run)
+    assert sorted(row[0] for row in results["rows"]) == LIVE, results
+    assert results["missing"] == [DEAD], results
+    assert "no rows from gpu-node-dead" in run.stdout, run.explain()
+
+
+def test_fleet_query_of_the_live_hosts_only_exits_0(deployed, testbed, work):
+    run = run_playbook(testbed, work, "fleet_query.yml", limit="live", sql=SQL)
+    assert run.rc == 0, run.explain()
+    assert _results(work, run)["missing"] == []
+
+
+# --------------------------------------------------------------------------- collect, diagnose
+
+def test_collect_produces_a_cluster_db_of_four_nodes_and_a_trace_json(deployed, testbed, work):
+    out = work / "collected"
+    run = run_playbook(testbed, work, "collect.yml", out=str(out))
+    assert run.rc == 4, run.explain()
+    assert sorted(p.stem for p in (out / "nodes").glob("*.db")) == LIVE
+    with sqlite3.connect(f"file:{out / 'cluster.db'}?mode=ro", uri=True) as db:
+        nodes = {row[0] for row in db.execute("SELECT DISTINCT node FROM probes")}
+    assert sorted(nodes) == LIVE, nodes
+    trace = json.loads((out / "trace.json").read_text())
+    assert isinstance(trace, (dict, list))
+    assert "Missing: gpu-node-dead" in run.stdout, run.explain()
+
+
+@pytest.mark.parametrize("scenario,expected_rc", [("io_cpu", 2), ("clean", 0)])
+def test_diagnose_exits_2_only_when_a_straggler_is_found_and_writes_junit_and_markdown(
+        testbed, work, tmp_path, scenario, expected_rc):
+    sys.path.insert(0, str(REPO / "agent"))
+    from straggler.analysis import synth
+    db = tmp_path / "cluster.db"
+    synth.write_cluster(str(db), synth.SynthSpec(scenario=scenario, events=20_000), work_dir=str(tmp_path))
+    out = tmp_path / "diagnose"
+    run = run_playbook(testbed, work, "diagnose.yml", db=str(db), out=str(out))
+    assert run.rc == expected_rc, run.explain()
+    junit = (out / "junit.xml").read_text()
+    assert "<testsuite" in junit
+    assert ("<failure" in junit) == (expected_rc == 2)
+    assert (out / "report.md").read_text().strip()
+
+
+# --------------------------------------------------------------------------- stop and remove (last)
+
+def test_stopped_then_absent_cleans_up(deployed, testbed, work):
+    pids = {name: agent_status(testbed, name)["agent_pid"] for name in LIVE}
+    stopped = run_playbook(testbed, work, "trace.yml", state="stopped")
+    assert stopped.rc == 4, stopped.explain()
+    for name in LIVE:
+        assert not Path(f"/proc/{pids[name]}").exists(), f"{name}: agent pid {pids[name]} still runs"
+        assert agent_status(testbed, name).get("running") is False
+        with pytest.raises(OSError):
+            socket.create_connection((testbed.hosts[name], AGENT_PORT), timeout=5).close()
+        assert testbed.exec(name, ["test", "-x", "/opt/straggler/venv/bin/straggler"]).returncode == 0
+
+    absent = run_playbook(testbed, work, "trace.yml", state="absent", straggler_agent_remove_data=True)
+    assert absent.rc == 4, absent.explain()
+    for name in LIVE:
+        for path in ("/opt/straggler/venv", "/opt/straggler/bin", "/etc/straggler/agent.yml", "/etc/straggler/tls",
+                     "/var/lib/straggler/straggler.db", "/run/straggler/agent.pid"):
+            assert testbed.exec(name, ["test", "-e", path]).returncode != 0, f"{name}: {path} left behind"
