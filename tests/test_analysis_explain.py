@@ -88,10 +88,12 @@ def test_straggler_numbers_match_independent_direct_sql(cluster):
     report = explain.explain_db(db)
     top = report.findings[0]
     node = truth["straggler"]
-    mean = _rows(db, f"SELECT AVG(duration) AS m FROM events WHERE node = '{node}' AND op = 'cuLaunchKernel'")[0]["m"]
+    # every call is counted in aggregates (events hold only slow, off-CPU and sampled calls, as the agent's)
+    mean = _rows(db, "SELECT 1.0 * SUM(sum_ns) / SUM(count) AS m FROM aggregates "
+                     f"WHERE node = '{node}' AND op = 'cuLaunchKernel'")[0]["m"]
     assert top.numbers["cuLaunchKernel_mean_ns"] == pytest.approx(mean, rel=1e-6)
-    others = sorted(r["m"] for r in _rows(db, "SELECT node, AVG(duration) AS m FROM events WHERE op = 'cuLaunchKernel' "
-                                              f"AND node != '{node}' GROUP BY node"))
+    others = sorted(r["m"] for r in _rows(db, "SELECT node, 1.0 * SUM(sum_ns) / SUM(count) AS m FROM aggregates "
+                                              f"WHERE op = 'cuLaunchKernel' AND node != '{node}' GROUP BY node"))
     assert top.numbers["cuLaunchKernel_others_median_mean_ns"] == pytest.approx(others[1], rel=1e-6)
     # run-queue share: summed over all trainer threads, recent part of the trace, computed here in Python
     sched = _rows(db, f"SELECT ts, duration, op FROM events WHERE node = '{node}' AND source = 'sched' AND pid = 4242")
@@ -177,6 +179,19 @@ def test_cli_json_markdown_junit_and_fail_on_straggler(cluster, tmp_path, capsys
     assert "no straggler" in capsys.readouterr().out
     assert cli.main(["explain", "-d", str(tmp_path / "nope.db")]) == 2
     assert "no such database" in capsys.readouterr().err
+
+
+def test_without_aggregates_the_distribution_comes_from_the_events(cluster, tmp_path):
+    import shutil
+    db = str(tmp_path / "noagg.db")
+    shutil.copy(cluster["cpu_hog"][0], db)
+    conn = sqlite3.connect(db)
+    conn.execute("DELETE FROM aggregates")
+    conn.commit()
+    conn.close()
+    report = explain.explain_db(db)
+    assert report.straggler == "gpu-node-02"
+    assert "ROW_NUMBER()" in report.findings[0].sql["call_latency"]
 
 
 def test_k_is_tunable_a_huge_k_finds_no_latency_outlier(cluster):

@@ -20,7 +20,8 @@ SHIFT_NS = 250_000_000        # gpu-node-03's realtime clock is 250 ms ahead of 
 @pytest.fixture(scope="module")
 def dbs(tmp_path_factory):
     base = tmp_path_factory.mktemp("export")
-    spec = synth.SynthSpec(scenario="io_cpu", events=16_000, offsets_ns={0: 0, 1: -3_000_000, 2: SHIFT_NS, 3: 7_000_000})
+    spec = synth.SynthSpec(scenario="io_cpu", events=16_000, offsets_ns={0: 0, 1: -3_000_000, 2: SHIFT_NS, 3: 7_000_000},
+                           record_all=True)   # every call a row: the tests pick events by seq
     facts = synth.write_nodes(str(base / "nodes"), spec)
     paths = [f["path"] for f in facts["files"]]
     # overlapping calls on one thread (e.g. a runtime call around a driver call, and one that is not nested)

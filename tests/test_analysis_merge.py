@@ -19,7 +19,8 @@ TABLES = ("events", "aggregates", "clock_pairs", "processes", "lost_events", "ag
 def node_dbs(tmp_path_factory):
     base = tmp_path_factory.mktemp("nodes")
     spec = synth.SynthSpec(scenario="io_cpu", events=12_000, offsets_ns={0: -9_000_000, 1: 0, 2: 250_000_000, 3: 3_000_000},
-                           drift_ppm={1: 40.0, 3: -25.0}, clock_pair_every_s=2.0)
+                           drift_ppm={1: 40.0, 3: -25.0}, clock_pair_every_s=2.0,
+                           record_all=True)   # every call a row: the tests pick events by seq
     facts = synth.write_nodes(str(base), spec)
     return facts
 

@@ -259,9 +259,9 @@ GROUP BY node
 HAVING SUM(count) > 0
 ORDER BY node"""
 
-SQL_CALL_LATENCY = f"""
+SQL_CALL_LATENCY_EVENTS = f"""
 WITH c AS (
-  SELECT node, source, op, duration, pid, tid,
+  SELECT node, source, op, duration,
          ROW_NUMBER() OVER w AS rn,
          COUNT(*) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) AS n
   FROM events
@@ -272,12 +272,57 @@ SELECT node, source, op, MAX(n) AS count,
        MIN(CASE WHEN rn >= (n * 50 + 99) / 100 THEN duration END) AS p50_ns,
        MIN(CASE WHEN rn >= (n * 99 + 99) / 100 THEN duration END) AS p99_ns,
        ROUND(AVG(duration), 1) AS mean_ns,
-       SUM(duration) AS total_ns,
-       GROUP_CONCAT(DISTINCT pid) AS pids,
-       GROUP_CONCAT(DISTINCT tid) AS tids
+       SUM(duration) AS total_ns
 FROM c
 GROUP BY node, source, op
 ORDER BY node, source, op"""
+
+# Every call is counted in `aggregates` (the agent records only some calls as events: slow ones,
+# those that went off CPU, and a sample), so the distribution comes from there: count and mean are
+# exact; p50/p99 are the upper bounds of the log2 histogram buckets they fall in (within 2x).
+SQL_CALL_LATENCY = f"""
+WITH h AS (
+  SELECT a.node, a.source, a.op, CAST(j.key AS INTEGER) AS bucket, SUM(j.value) AS n
+  FROM aggregates a, json_each(a.hist) j
+  WHERE a.source IN {CALL_SOURCES}
+  GROUP BY a.node, a.source, a.op, bucket
+),
+c AS (
+  SELECT node, source, op, bucket,
+         SUM(n) OVER (PARTITION BY node, source, op ORDER BY bucket ROWS UNBOUNDED PRECEDING) AS cum,
+         SUM(n) OVER (PARTITION BY node, source, op) AS total
+  FROM h
+),
+p AS (
+  SELECT node, source, op,
+         MIN(CASE WHEN cum * 100 >= total * 50 THEN bucket END) AS p50_bucket,
+         MIN(CASE WHEN cum * 100 >= total * 99 THEN bucket END) AS p99_bucket
+  FROM c
+  GROUP BY node, source, op
+),
+s AS (
+  SELECT node, source, op, SUM(count) AS count, SUM(sum_ns) AS total_ns, MAX(max_ns) AS max_ns
+  FROM aggregates
+  WHERE source IN {CALL_SOURCES}
+  GROUP BY node, source, op
+)
+SELECT s.node, s.source, s.op, s.count,
+       1 << (p.p50_bucket + 1) AS p50_ns,
+       1 << (p.p99_bucket + 1) AS p99_ns,
+       ROUND(1.0 * s.total_ns / s.count, 1) AS mean_ns,
+       s.total_ns, s.max_ns
+FROM s JOIN p ON p.node = s.node AND p.source = s.source AND p.op = s.op
+WHERE s.count > 0
+ORDER BY s.node, s.source, s.op"""
+
+# Which processes and threads of each node make CUDA/NCCL calls (the trainer, its calling threads).
+SQL_CALLERS = f"""
+SELECT node, GROUP_CONCAT(DISTINCT pid) AS pids, GROUP_CONCAT(DISTINCT tid) AS tids
+FROM events
+WHERE source IN {CALL_SOURCES}
+GROUP BY node
+ORDER BY node"""
+
 
 def _lit(v):
     return "NULL" if v is None else str(int(v)) if isinstance(v, (int, float)) else _q(v)
@@ -526,10 +571,15 @@ def _explain(runner, opts, source):
 
     inventory = runner.rows(SQL_INVENTORY)
     ranks = {r["node"]: r for r in runner.rows(SQL_RANKS)}
-    latency = runner.rows(SQL_CALL_LATENCY)
+    latency_sql = SQL_CALL_LATENCY
+    latency = runner.rows(latency_sql)
+    if not latency:                     # no aggregates (an older or hand-made store): from the events
+        latency_sql = SQL_CALL_LATENCY_EVENTS
+        latency = runner.rows(latency_sql)
+    callers = runner.rows(SQL_CALLERS)
     # the trainer's processes and calling threads, and each node's windows, as literals for the next queries
     trainer_pids, calling_tids, windows = set(), set(), []
-    for r in latency:
+    for r in callers:
         trainer_pids.update((r["node"], int(p)) for p in str(r["pids"] or "").split(",") if p)
         calling_tids.update((r["node"], int(t)) for t in str(r["tids"] or "").split(",") if t)
     for r in ranks.values():
@@ -638,16 +688,17 @@ def _explain(runner, opts, source):
 
     if straggler:
         _straggler_findings(runner, report, opts, straggler, candidates[0], op_stats, by_op, runq, runq_sql,
-                            runq_threads, threads_sql, runq_signal, split, split_sql, rank_of, nodes, ctes)
+                            runq_threads, threads_sql, runq_signal, split, split_sql, rank_of, nodes, ctes, latency_sql)
         for score, n, lat, rq_hit in candidates[1:]:
             findings.append(Finding(
                 severity="warning", node=n, cause="outlier",
                 summary=f"{n} is also an outlier ({_describe_signals(lat, rq_hit, runq.get(n), runq_signal.get(n))}), "
                         f"less than {straggler}",
-                numbers={"score": score}, sql={"call_latency": SQL_CALL_LATENCY.strip(), "runq_share": runq_sql.strip()},
+                numbers={"score": score}, sql={"call_latency": latency_sql.strip(), "runq_share": runq_sql.strip()},
                 recommendation="look at this node next: a second slow node, or collateral damage of the first"))
     else:
-        _no_straggler_findings(report, opts, nodes, runq, runq_sql, wait_outliers, split, split_sql, missing)
+        _no_straggler_findings(report, opts, nodes, runq, runq_sql, wait_outliers, split, split_sql, missing,
+                               latency_sql)
 
     # ---- missing nodes and lost events
     if report.missing:
@@ -689,7 +740,7 @@ def _describe_signals(lat, rq_hit, rq_row, rq_st):
 
 
 def _straggler_findings(runner, report, opts, s, candidate, op_stats, by_op, runq, runq_sql, runq_threads,
-                        threads_sql, runq_signal, split, split_sql, rank_of, nodes, ctes):
+                        threads_sql, runq_signal, split, split_sql, rank_of, nodes, ctes, latency_sql):
     findings = report.findings
     _, _, lat, rq_hit = candidate
     rank = rank_of.get(s)
@@ -723,7 +774,7 @@ def _straggler_findings(runner, report, opts, s, candidate, op_stats, by_op, run
         severity="critical" if best_ratio >= 2 else "warning", node=s, cause="straggler",
         summary=f"{who} is the straggler: " + "; ".join(phrases),
         numbers=numbers, sources=sources,
-        sql={"call_latency": SQL_CALL_LATENCY.strip(), "runq_share": runq_sql.strip(), "runq_threads": threads_sql.strip()},
+        sql={"call_latency": latency_sql.strip(), "runq_share": runq_sql.strip(), "runq_threads": threads_sql.strip()},
         recommendation="see the cause findings below", share=1.0))
 
     # ---- the waiters
@@ -884,7 +935,8 @@ def _cause_findings(report, s, offcpu, runq_in, io, slowdown, window_desc, sql, 
             share=0.0))
 
 
-def _no_straggler_findings(report, opts, nodes, runq, runq_sql, wait_outliers, split, split_sql, missing):
+def _no_straggler_findings(report, opts, nodes, runq, runq_sql, wait_outliers, split, split_sql, missing,
+                               latency_sql):
     findings = report.findings
     numbers = {f"{n}.runq_recent_pct": runq[n]["runq_recent_pct"] for n in nodes if n in runq}
     sources = {f"{n}.runq_recent_pct": dict(sql="runq_share", match={"node": n}, column="runq_recent_pct")
@@ -911,7 +963,7 @@ def _no_straggler_findings(report, opts, nodes, runq, runq_sql, wait_outliers, s
         summary=(f"no straggler: on {len(nodes)} node(s) no work call is more than k={opts.k:g} robust deviations and "
                  f"{opts.min_ratio:g}× above the other nodes' median, and no trainer's run-queue share stands out and "
                  f"rose against its own baseline"),
-        numbers=numbers, sources=sources, sql={"call_latency": SQL_CALL_LATENCY.strip(), "runq_share": runq_sql.strip()},
+        numbers=numbers, sources=sources, sql={"call_latency": latency_sql.strip(), "runq_share": runq_sql.strip()},
         recommendation=""))
 
 

@@ -53,6 +53,8 @@ class SynthSpec:
     offsets_ns: dict = field(default_factory=dict)   # node index -> realtime clock error (node minus reference)
     drift_ppm: dict = field(default_factory=dict)    # node index -> realtime rate error of the node's clock
     clock_pair_every_s: float = 5.0
+    record_all: bool = False           # like the agent's default: a call gets an events row only when it was
+                                       # slow, went off CPU, or falls in the 1-in-100 sample (aggregates count all)
 
     def node_name(self, index):
         return f"{self.prefix}{index + 1:02d}"
@@ -185,8 +187,16 @@ def _hash_sql(a, b, salt):
     return (f"((((({a}) * 2654435761 + ({b}) * 40503 + {salt}) & 4294967295) * 1597334677 >> 9) & 1073741823)")
 
 
-def _expected_rows_per_step(rows):
-    return sum(min(r["p"], 1000) / 1000.0 if not r["neg"] else (1000 - r["p"]) / 1000.0 for r in rows)
+def _expected_rows_per_step(rows, record_all=True):
+    total = 0.0
+    for r in rows:
+        share = min(r["p"], 1000) / 1000.0 if not r["neg"] else (1000 - r["p"]) / 1000.0
+        if not record_all and r["source"] in ("cuda", "driver", "nccl"):
+            kept = (r["grp"] and not r["neg"] and r["p"] < 1000) or "Synchronize" in r["op"] \
+                or (r["op"] == "ncclAllReduce" and r["dur_ns"] > 1_000_000)
+            share *= 1.0 if kept else 0.01
+        total += share
+    return total
 
 
 def plan_steps(spec):
@@ -195,8 +205,8 @@ def plan_steps(spec):
         if i in spec.missing:
             continue
         tm = templates(spec, i)
-        per_step += (spec.interference_start * _expected_rows_per_step(tm[0][1])
-                     + (1 - spec.interference_start) * _expected_rows_per_step(tm[1][1]))
+        per_step += (spec.interference_start * _expected_rows_per_step(tm[0][1], spec.record_all)
+                     + (1 - spec.interference_start) * _expected_rows_per_step(tm[1][1], spec.record_all))
     return max(10, int(spec.events / max(per_step, 1.0)))
 
 
@@ -241,7 +251,7 @@ def _fill_node(conn, spec, index, steps):
     conn.execute(f"""
         INSERT INTO events (seq, node, rank, local_rank, source, op, pid, tid, comm, ts, duration, ret, bytes,
                             grid_x, grid_y, grid_z, block_x, block_y, block_z, state, other_pid, other_comm, cpu,
-                            dev, sector)
+                            dev, sector, detail)
         WITH RECURSIVE steps(s) AS (SELECT 0 UNION ALL SELECT s + 1 FROM steps WHERE s < {steps - 1}),
         st AS (SELECT s, CASE WHEN s < {boundary} THEN 0 ELSE 1 END AS phase, {mono} AS t0 FROM steps)
         SELECT st.s * {nslots} + t.slot, '{node['name']}',
@@ -255,7 +265,12 @@ def _fill_node(conn, spec, index, steps):
                CASE WHEN t.op = 'cuLaunchKernel' THEN 1 END, CASE WHEN t.op = 'cuLaunchKernel' THEN 128 END,
                CASE WHEN t.op = 'cuLaunchKernel' THEN 1 END, CASE WHEN t.op = 'cuLaunchKernel' THEN 1 END,
                t.state, t.other_pid, t.other_comm, {0 if index == spec.straggler else 1},
-               t.dev, CASE WHEN t.source = 'block' THEN ({jit}) * 2048 END
+               t.dev, CASE WHEN t.source = 'block' THEN ({jit}) * 2048 END,
+               CASE WHEN t.source IN ('cuda', 'driver', 'nccl') THEN
+                    CASE WHEN t.grp != 0 AND t.neg = 0 AND t.p < 1000 THEN '{{"why": ["slow", "offcpu"]}}'
+                         WHEN t.op LIKE '%Synchronize%' OR (t.op = 'ncclAllReduce' AND t.dur_ns > 1000000)
+                              THEN '{{"why": ["offcpu"]}}'
+                         WHEN ({act}) % 100 = 0 THEN '{{"why": ["sample"]}}' END END
         FROM st JOIN _tmpl t ON t.phase = st.phase
         WHERE t.p >= 1000 OR ((({act}) < t.p) = (t.neg = 0))
     """)
@@ -335,6 +350,8 @@ def write_node(path, spec, index, steps=None):
         with conn:
             node, first_mono, last_mono, boundary = _fill_node(conn, spec, index, steps)
             _fill_side_tables(conn, spec, node, first_mono, last_mono)
+            if not spec.record_all:    # the aggregates counted every call; keep the rows the agent would
+                conn.execute("DELETE FROM events WHERE source IN ('cuda', 'driver', 'nccl') AND detail IS NULL")
         schema.create(conn)                 # re-creates the indexes (IF NOT EXISTS)
         n_events = conn.execute("SELECT COUNT(*) FROM events").fetchone()[0]
     finally:
