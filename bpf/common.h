@@ -23,6 +23,7 @@
 #define PROC_FORK 2   /* a target forked a child process (now a target too) */
 #define PROC_EXEC 3   /* a process exec'd (targets, and every in-scope process in --comm mode) */
 #define PROC_EXIT 4   /* the last thread of a target exited */
+#define PROC_SETNS 5  /* a process joined a namespace (setns): user space re-checks its scope */
 
 /* indexes into hits[] (probe hits, for agent_cost) */
 #define HIT_UPROBE 0

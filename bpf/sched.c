@@ -183,3 +183,16 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     }
     return 0;
 }
+
+/* A process that joins a network namespace with setns (nsenter, ip netns exec) is not a child of
+ * an in-scope process, so it did not inherit scope: tell user space, which reads /proc/PID/ns/net
+ * at once (the kernel side cannot tell which namespace the fd named without reading structs). */
+TRACEPOINT_PROBE(syscalls, sys_exit_setns)
+{
+    struct config *c = get_config();
+    if (!c || c->scope_all || args->ret != 0)
+        return 0;
+    count_hit(HIT_PROC);
+    emit_proc(PROC_SETNS, bpf_get_current_pid_tgid() >> 32, 0);
+    return 0;
+}

@@ -114,6 +114,7 @@ def reap(proc, done):
         f.write(str(rc))
     import os
     os.replace(done + ".tmp", done)
+print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
     req = json.loads(line)
     proc = subprocess.Popen(req["argv"], env=req["env"], stdin=subprocess.DEVNULL,
@@ -128,10 +129,12 @@ class Launcher:
     children: they are traced because the kernel follows the forks of a target, and processes of
     other people on this shared machine are not."""
 
-    def __init__(self, work_dir):
+    def __init__(self, work_dir, prefix=()):
         self.work_dir = Path(work_dir)
-        self.proc = subprocess.Popen([sys.executable, "-c", LAUNCHER_CODE], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([*prefix, sys.executable, "-c", LAUNCHER_CODE], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
+        # running: so a prefix like `unshare --net` has made its namespace by now
+        assert json.loads(self.proc.stdout.readline()) == {"ready": True}
         self.count = 0
 
     @property
@@ -141,7 +144,7 @@ class Launcher:
     def start(self, argv, env=None):
         self.count += 1
         base = self.work_dir / f"child-{self.count}"
-        req = {"argv": [str(a) for a in argv], "env": dict(os.environ, **(env or {})), "out": f"{base}.out",
+        req = {"argv": [str(a) for a in argv], "env": {**os.environ, **(env or {})}, "out": f"{base}.out",
                "err": f"{base}.err", "done": f"{base}.rc"}
         self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
@@ -395,9 +398,14 @@ class TestRecordAll:
 
     def test_flood_overruns_the_ring_buffer_and_every_lost_call_is_counted(self, agent, launcher, standin):
         assert lost_calls(agent.db) == 0  # nothing lost before the flood: the tests above saw complete data
-        calls = 100_000
-        summary = start_child_workload(launcher, standin, "--mode", "launch", "--iterations", str(calls),
-                                env={"STRAGGLER_STANDIN_LAUNCH_US": "0"}).workload_summary()
+        calls = 20_000  # 120 bytes each: far more than the 256 KB ring holds
+        # the agent stalls (as it would when starved of CPU) while the flood runs: the ring overruns
+        os.kill(agent.proc.pid, signal.SIGSTOP)
+        try:
+            summary = start_child_workload(launcher, standin, "--mode", "launch", "--iterations", str(calls),
+                                           env={"STRAGGLER_STANDIN_LAUNCH_US": "0"}).workload_summary()
+        finally:
+            os.kill(agent.proc.pid, signal.SIGCONT)
         pid = summary["pid"]
         rows = lambda: scalar(agent.db, "SELECT count(*) FROM events WHERE pid = ? AND op = 'cuLaunchKernel'", (pid,))
         counted = lambda: scalar(agent.db, "SELECT coalesce(sum(count), 0) FROM aggregates WHERE pid = ? "
@@ -415,5 +423,128 @@ class TestRecordAll:
         tracepoints = scalar(agent.db, "SELECT count(*) FROM probes WHERE library IS NULL")
         at_start = scalar(agent.db, "SELECT count(*) FROM probes WHERE library IS NOT NULL AND library NOT LIKE ?",
                           ("%/late-standin/%",))
-        assert tracepoints == 10 and at_start >= 40  # every stand-in symbol
+        assert tracepoints == 11 and at_start >= 40  # every stand-in symbol
         assert agent.probe_count == tracepoints + 2 * at_start  # uprobe + uretprobe each
+
+
+# ---- run B: sampled, only the agent's own network namespace ---------------------------------------
+NODE_B = "agent-test-b"
+MAX_DB_B = 2 << 20
+
+
+@pytest.fixture(scope="class")
+def launcher_b(tmp_path_factory):
+    """A launcher in a new network namespace, started before the agent (like sshd on a test-bed
+    host): what it starts is in that namespace from its first instruction."""
+    launcher = Launcher(tmp_path_factory.mktemp("launcher-b"), prefix=("unshare", "--net", "--"))
+    yield launcher
+    launcher.close()
+
+
+@pytest.fixture(scope="class")
+def agent_b(standin, launcher_b, tmp_path_factory):
+    """The agent in the launcher's namespace with --scope netns, default targeting (every process
+    that maps a CUDA library), 1 call in 2 sampled, --max-db 2M."""
+    db = tmp_path_factory.mktemp("agent-b") / "trace.db"
+    run = AgentRun(db, ["--node", NODE_B, "--scope", "netns", "--sample", "2", "--interval", "1", "--rescan", "0.5",
+                        "--max-db", str(MAX_DB_B), *standin_libs(standin)],
+                   prefix=("nsenter", f"--net=/proc/{launcher_b.pid}/ns/net", "--"))
+    run.wait_ready()
+    yield run
+    run.stop(signal.SIGKILL)
+
+
+def outside_workload(standin, *args, env=None):
+    """A workload in the machine's own network namespace (out of the agent's scope)."""
+    return subprocess.Popen([standin["workload"], "--lib-dir", standin["lib_dir"], *map(str, args)],
+                            env={**os.environ, **STANDIN_ENV, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+class TestSampledNetns:
+    CALLS = 5000
+
+    @pytest.fixture(scope="class")
+    def inside_and_outside(self, agent_b, launcher_b, standin, tmp_path_factory):
+        """The same flood inside the agent's namespace and outside it, started together once the
+        agent has adopted the inside one (so it had every chance to see the other)."""
+        go = tmp_path_factory.mktemp("scope") / "go"
+        flood = ("--mode", "launch", "--iterations", self.CALLS, "--wait-file", go, "--hold-ms", "300")
+        env = {"STRAGGLER_STANDIN_LAUNCH_US": "0"}
+        inside = start_child_workload(launcher_b, standin, *map(str, flood), env=env)
+        outside = outside_workload(standin, *flood, env=env)
+        try:
+            adopted = wait_until(lambda: scalar(agent_b.db, "SELECT count(*) FROM processes WHERE pid = ?",
+                                                (inside.pid,)))
+            assert adopted, agent_b.stderr_lines[-5:]
+        finally:
+            go.touch()
+        out, err = outside.communicate(timeout=180)
+        assert outside.returncode == 0, err
+        return inside.workload_summary(), json.loads(out)
+
+    def test_every_call_is_counted_while_only_a_sample_gets_rows(self, agent_b, inside_and_outside):
+        inside, _ = inside_and_outside
+        counted = lambda: scalar(agent_b.db, "SELECT coalesce(sum(count), 0) FROM aggregates WHERE pid = ? "
+                                             "AND op = 'cuLaunchKernel'", (inside["pid"],))
+        wait_until(lambda: counted() >= self.CALLS)
+        assert counted() == self.CALLS
+        rows = query(agent_b.db, "SELECT count(*), min(node), max(node) FROM events "
+                                 "WHERE pid = ? AND op = 'cuLaunchKernel'", (inside["pid"],))[0]
+        assert 0 < rows[0] < self.CALLS * 3 // 4
+        assert rows[1] == rows[2] == NODE_B
+        # each row says why it was kept
+        reasons = query(agent_b.db, "SELECT DISTINCT detail FROM events WHERE pid = ? AND op = 'cuLaunchKernel'",
+                        (inside["pid"],))
+        assert reasons and all(json.loads(detail)["why"] for (detail,) in reasons)
+
+    def test_a_process_outside_the_namespace_is_not_traced(self, agent_b, inside_and_outside):
+        _, outside = inside_and_outside
+        for table in ("events", "aggregates", "processes"):
+            assert scalar(agent_b.db, f"SELECT count(*) FROM {table} WHERE pid = ?", (outside["pid"],)) == 0, table
+
+    def test_block_io_is_recorded_only_inside_the_namespace(self, agent_b, launcher_b, tmp_path):
+        directory = block_device_dir(tmp_path)
+        inside_file, outside_file = directory / f"straggler-in-{os.getpid()}.bin", directory / f"straggler-out-{os.getpid()}.bin"
+        try:
+            inside = launcher_b.start(["dd", "if=/dev/zero", f"of={inside_file}", "bs=1M", "count=4", "oflag=direct"])
+            outside = subprocess.run(["dd", "if=/dev/zero", f"of={outside_file}", "bs=1M", "count=4", "oflag=direct"],
+                                     capture_output=True, text=True, timeout=120)
+            assert outside.returncode == 0, outside.stderr
+            rc, _, err = inside.wait()
+            assert rc == 0, err
+        finally:
+            inside_file.unlink(missing_ok=True)
+            outside_file.unlink(missing_ok=True)
+        written = lambda comm_pid: scalar(agent_b.db, "SELECT coalesce(sum(bytes), 0) FROM block_io WHERE pid = ? "
+                                                      "AND op = 'block_write'", (comm_pid,))
+        wait_until(lambda: written(inside.pid) >= 4 << 20)
+        assert written(inside.pid) == 4 << 20
+        assert scalar(agent_b.db, "SELECT count(*) FROM block_io WHERE comm = 'dd' AND pid != ?", (inside.pid,)) == 0
+
+    def test_database_stays_under_max_db(self, agent_b, launcher_b, standin):
+        calls = 80_000
+        flood = start_child_workload(launcher_b, standin, "--mode", "launch", "--iterations", str(calls),
+                                     "--hold-ms", "300", env={"STRAGGLER_STANDIN_LAUNCH_US": "0"})
+        largest = 0
+        done = Path(f"{flood.base}.rc")
+        deadline = time.monotonic() + 300
+        while not done.exists() and time.monotonic() < deadline:
+            largest = max(largest, sum(os.path.getsize(agent_b.db + suffix) for suffix in ("", "-wal")
+                                       if os.path.exists(agent_b.db + suffix)))
+            time.sleep(0.05)
+        flood.workload_summary()
+        counted = lambda: scalar(agent_b.db, "SELECT coalesce(sum(count), 0) FROM aggregates WHERE pid = ?", (flood.pid,))
+        wait_until(lambda: counted() > 0 and scalar(agent_b.db, "SELECT count(*) FROM events WHERE pid = ?",
+                                                    (flood.pid,)) > 0)
+        assert largest <= MAX_DB_B
+        # the flood did not fit: its oldest whole intervals went, rows and aggregates alike
+        assert counted() < calls
+        assert scalar(agent_b.db, "SELECT count(*) FROM events WHERE pid = ?", (flood.pid,)) < calls // 2 * 0.9
+
+    def test_sigkill_leaves_a_readable_database(self, agent_b):
+        written = scalar(agent_b.db, "SELECT count(*) FROM events")
+        assert agent_b.stop(signal.SIGKILL) == -signal.SIGKILL
+        assert scalar(agent_b.db, "PRAGMA integrity_check") == "ok"
+        assert scalar(agent_b.db, "SELECT value FROM meta WHERE key = 'schema_version'") == str(1)
+        assert scalar(agent_b.db, "SELECT count(*) FROM events") >= written > 0

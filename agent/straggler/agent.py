@@ -223,8 +223,9 @@ class Agent:
         from .probes import symbols
         scope, targets, libraries = self.finder.scan(known_targets=self.probes.target_tgids())
         if scope is not None:
-            new_scope = scope - self.scope_known
-            self.probes.add_in_scope(new_scope)
+            self.probes.add_in_scope(scope - self.scope_known)
+            # gone from /proc: the kernel removed them; still there but elsewhere now: remove
+            self.probes.remove_in_scope({pid for pid in self.scope_known - scope if os.path.exists(f"/proc/{pid}")})
             self.scope_known = scope
             targets &= scope
         for tgid in sorted(targets):
@@ -248,10 +249,24 @@ class Agent:
                     raise StragglerError(f"--cuda-lib {path}: {self.probes.failed_libraries[identity]}; "
                                          "give a libcuda/libcudart/libnccl library")
 
+    def _recheck_scope(self, tgid):
+        """After a setns: is the process in our network namespace now (or not any more)?"""
+        if self.opts.scope != "netns":
+            return
+        if self.finder.in_scope(tgid):
+            if tgid not in self.scope_known:
+                self.probes.add_in_scope([tgid])
+                self.scope_known.add(tgid)
+        elif tgid in self.scope_known:
+            self.probes.remove_in_scope([tgid])
+            self.scope_known.discard(tgid)
+
     def _handle_notices(self, notices):
-        from .probes.records import PROC_EXEC, PROC_EXIT, PROC_FORK, PROC_NEW
+        from .probes.records import PROC_EXEC, PROC_EXIT, PROC_FORK, PROC_NEW, PROC_SETNS
         for what, tgid, parent, comm, ts in notices:
-            if what in (PROC_NEW, PROC_FORK):
+            if what == PROC_SETNS:
+                self._recheck_scope(tgid)
+            elif what in (PROC_NEW, PROC_FORK):
                 self._track(tgid, ts)
             elif what == PROC_EXEC:
                 if tgid in self.processes:

@@ -27,6 +27,7 @@ TRACEPOINTS = [
     "sched:sched_switch", "sched:sched_wakeup", "sched:sched_wakeup_new", "task:task_newtask",
     "sched:sched_process_exec", "sched:sched_process_exit",
     "block:block_bio_queue", "block:block_split", "block:block_rq_issue", "block:block_rq_complete",
+    "syscalls:sys_exit_setns",
 ]
 
 

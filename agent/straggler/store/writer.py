@@ -260,9 +260,24 @@ class StoreWriter:
         return total
 
     def _delete_before(self, cutoff):
+        """Delete everything older than cutoff, in transactions of at most batch_rows events each
+        (a checkpoint after each), so the WAL stays within its slice of --max-db."""
         deleted = 0
-        for table, column in RETAINED:
-            deleted += self.conn.execute(f"DELETE FROM {table} WHERE {column} < ?", (cutoff,)).rowcount
+        for _ in range(1_000_000):
+            self.conn.execute("BEGIN")
+            chunk = self.conn.execute("DELETE FROM events WHERE rowid IN (SELECT rowid FROM events WHERE ts < ? "
+                                      "LIMIT ?)", (cutoff, self.batch_rows)).rowcount
+            deleted += chunk
+            last = chunk < self.batch_rows
+            if last:
+                for table, column in RETAINED:
+                    if table != "events":
+                        deleted += self.conn.execute(f"DELETE FROM {table} WHERE {column} < ?", (cutoff,)).rowcount
+            self.conn.execute("COMMIT")
+            if self.wal_budget:
+                self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            if last:
+                break
         self.rows_deleted += deleted
         return deleted
 
@@ -280,15 +295,12 @@ class StoreWriter:
             cutoff = (now - self.max_age_ns) // self.interval_ns * self.interval_ns
             oldest = self._oldest_ts()
             if oldest is not None and oldest < cutoff:
-                self.conn.execute("BEGIN")
                 self._delete_before(cutoff)
-                self.conn.execute("COMMIT")
         if not self.max_db_bytes:
             return
-        main_budget = self.max_db_bytes - self.wal_budget
+        main_budget = self.max_db_bytes - 2 * self.wal_budget  # the WAL may lag a checkpoint behind
         high, low = int(main_budget * 0.85), int(main_budget * 0.65)
         if self.used_bytes() > high:
-            self.conn.execute("BEGIN")
             for _ in range(100000):
                 oldest = self._oldest_ts()
                 if oldest is None:
@@ -297,9 +309,9 @@ class StoreWriter:
                 self._delete_before((oldest // self.interval_ns + 1) * self.interval_ns)
                 if self.used_bytes() <= low:
                     break
-            self.conn.execute("COMMIT")
         page_size = self._pragma("page_size")
         if self._pragma("page_count") * page_size > main_budget:
             free_pages = self._pragma("freelist_count")
             if free_pages:
                 self.conn.execute(f"PRAGMA incremental_vacuum({free_pages})").fetchall()
+                self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
