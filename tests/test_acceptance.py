@@ -50,13 +50,13 @@ def field_case(testbed, tmp_path_factory):
         progress.step("checkpoint writer on gpu-node-01")
         demo.start_writer()
         time.sleep(STRAGGLE_S)
+        demo.stop_job()
+        seen["steps"] = demo.step_stats()
         progress.step("fleet_query.yml")
         seen["field_query"] = demo.fleet_query(FIELD_SQL)
         seen["ranks_query"] = demo.fleet_query(RANKS_SQL, name="fleet-ranks")
         progress.step("explain with the writer")
         seen["straggler_text"], seen["straggler"] = demo.explain()
-        demo.stop_job()
-        seen["steps"] = demo.step_stats()
         progress.step("collect.yml")
         seen["collect"] = demo.collect()
         progress.step("one host dead")
@@ -72,10 +72,6 @@ def field_case(testbed, tmp_path_factory):
                           limit=live, ok_codes=(0, 2, 4), show=None)
         finally:
             progress.close()
-
-
-def _finding_text(finding):
-    return json.dumps(finding).lower()
 
 
 def test_without_the_writer_no_straggler_is_named(field_case):

@@ -25,9 +25,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from straggler.errors import StragglerError
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 VENV_BIN = Path(sys.executable).parent
@@ -143,12 +146,14 @@ class Demo:
         env = self.bed.ansible_env()
         env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
         env.setdefault("ANSIBLE_FORCE_COLOR", "0")
+        # the fleet summary table at the end of a play (the repository's ansible.cfg enables it too)
+        env.setdefault("ANSIBLE_CALLBACKS_ENABLED", "straggler.fleet.summary")
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
     def command(self, argv, name, timeout_s=300, ok_codes=(0,), show=None, env=None):
-        """Run a controller command (bounded), its output into logs/<name>.log; print progress
-        (task names of a playbook, with the time) while it runs."""
+        """Run a controller command (bounded: killed after timeout_s), its output into
+        logs/<name>.log; print progress (a playbook's task names, with the time) while it runs."""
         log_path = self.logs / f"{name}.log"
         t0 = time.monotonic()
         lines = []
@@ -156,22 +161,26 @@ class Demo:
             log.write("$ " + shlex.join(str(a) for a in argv) + "\n")
             proc = subprocess.Popen([str(a) for a in argv], cwd=REPO_ROOT, env=env or self._env(), stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
-            try:
-                deadline = t0 + timeout_s
+
+            def pump():
                 for line in proc.stdout:
                     log.write(line)
                     lines.append(line)
                     if show == "tasks" and line.startswith("TASK ["):
                         self.progress.info(f"[{time.monotonic() - t0:5.1f}s] {line.strip().rstrip('*').strip()}")
-                    if time.monotonic() > deadline:
-                        break
-                proc.wait(timeout=max(1, deadline - time.monotonic()))
-            except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            reader = threading.Thread(target=pump, daemon=True)
+            reader.start()
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                reader.join(timeout=5)
+                raise DemoError(f"{Path(str(argv[0])).name} {' '.join(str(a) for a in argv[1:2])} did not finish in "
+                                f"{timeout_s:.0f}s (stopped): see {log_path}") from None
+            except KeyboardInterrupt:
                 _kill_group(proc)
                 raise
-            finally:
-                if proc.poll() is None:
-                    _kill_group(proc)
+            reader.join(timeout=10)
         result = CommandResult(argv, proc.returncode, "".join(lines), time.monotonic() - t0, log_path)
         if result.returncode not in ok_codes:
             tail = "".join(lines[-15:])
@@ -325,10 +334,10 @@ class Demo:
         nodes = nodes or self.hosts
         spec = ",".join(f"{self.bed.all_hosts[n]}:7433" for n in nodes)
         base = [VENV_BIN / "straggler", "explain", "--nodes", spec] + self.tls_args()
-        text = self.command(base, name, timeout_s=120, ok_codes=(0, 1, 3, 4))
+        text = self.command(base + ["--no-sql"], name, timeout_s=120, ok_codes=(0, 1, 3, 4))
         js = self.command(base + ["--json"], f"{name}-json", timeout_s=120, ok_codes=(0, 1, 3, 4))
         report = _json_from_output(js.output)
-        (self.out / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+        (self.logs / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
         return text, report
 
     def collect(self, limit=None, ok_codes=(0,), name="collect"):
@@ -390,15 +399,7 @@ def build_arg_parser():
 def main(argv=None):
     args = build_arg_parser().parse_args(argv)
     out = Path(args.out).resolve()
-    for stale in ("cluster.db", "trace.json", "explain.json", "logs", "demo.log"):
-        path = out / stale
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
-    for old_job in out.glob("job-*"):
-        shutil.rmtree(old_job)
-    out.mkdir(parents=True, exist_ok=True)
+    _clean_output(out)
     progress = Progress(log_path=out / "demo.log")
     testbed = load_testbed_module()
     lock = testbed.TestbedLock(args.testbed_id)
@@ -406,27 +407,25 @@ def main(argv=None):
         print(f"demo: error: test bed id {args.testbed_id} is in use by another session (pid {lock.holder()}): "
               f"set STRAGGLER_DEMO_TESTBED_ID to a free id", file=sys.stderr)
         return 2
-    bed = None
-    demo = None
-    interrupted = {"n": 0}
 
     def on_term(signum, _frame):
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, on_term)
+    bed = demo = None
     rc = 1
     try:
-        progress.step(f"Test bed: four hosts gpu-node-01..04 in network namespaces (id {args.testbed_id}, 10.213.{args.testbed_id}.0/24)")
+        progress.step(f"Test bed: four hosts gpu-node-01..04 in network namespaces "
+                      f"(id {args.testbed_id}, 10.213.{args.testbed_id}.0/24, each with its own sshd)")
         bed = testbed.up(hosts=4, dead=0, testbed_id=args.testbed_id, _lock_held=True)
         progress.info(f"inventory {bed.inventory}")
         for name, addr in bed.hosts.items():
-            progress.info(f"{name}  {addr}  sshd pid {bed.pids[name]}")
+            progress.info(f"{name}  {addr}")
         demo = Demo(bed, out, progress)
         rc = run_story(demo, args)
     except KeyboardInterrupt:
-        interrupted["n"] += 1
-        progress.raw("\ninterrupted: cleaning up (stopping the job, the agents and the test bed)")
+        progress.raw("\ninterrupted: cleaning up (the job, the agents, the test bed)")
         rc = 130
-    except (DemoError, testbed.TestbedError) as exc:
+    except (DemoError, testbed.TestbedError, StragglerError) as exc:
         progress.raw(f"\ndemo: error: {exc}")
         rc = 1
     finally:
@@ -435,61 +434,103 @@ def main(argv=None):
             if demo is not None:
                 demo.stop_job()
             if bed is not None and not args.keep_up:
-                progress.step("Tear down: job stopped, agents and test bed removed")
-                testbed.down(bed.id, bed.state_dir, _lock_held=True)
-                leftovers = testbed.status(bed.id)
-                progress.info(f"namespaces left: {len(leftovers['netns'])}, links left: {len(leftovers['links'])}")
+                progress.step("Tear down: the job, the agents (with their hosts) and the test bed")
+                teardown_testbed(testbed, bed, progress)
+            elif bed is not None:
+                progress.info(f"left up (--keep-up): ANSIBLE_CONFIG={bed.ansible_cfg}; "
+                              f"tear down with: .venv/bin/python tests/testbed.py down --id {bed.id}")
         finally:
             lock.release()
-            progress.raw(f"\ndemo finished in {progress.elapsed():.0f}s (exit {rc}); log: {out / 'demo.log'}")
+            progress.raw(f"\ndemo finished in {progress.elapsed():.0f}s (exit {rc}); full log: {out / 'demo.log'}, "
+                         f"each command's output: {out / 'logs'}/")
             progress.close()
     return rc
 
 
+def _clean_output(out):
+    """Remove what an earlier run of the demo wrote (only the demo's own names)."""
+    for stale in ("cluster.db", "trace.json", "explain.json", "explain.md", "logs", "demo.log", "nodes", "results"):
+        path = out / stale
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    for old_job in out.glob("job-*"):
+        shutil.rmtree(old_job)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def teardown_testbed(testbed, bed, progress, attempts=6, pause_s=10.0):
+    """testbed down, retried (bounded): an agent that detaches its probes can take a while to
+    exit, even after SIGKILL (uninterruptible in the kernel); the test bed refuses to vanish
+    while processes of its hosts remain."""
+    for attempt in range(1, attempts + 1):
+        try:
+            testbed.down(bed.id, bed.state_dir, _lock_held=True)
+            break
+        except testbed.TestbedError as exc:
+            if attempt == attempts:
+                raise
+            progress.info(f"not yet: {exc}; again in {pause_s:.0f}s")
+            time.sleep(pause_s)
+    left = testbed.status(bed.id)
+    progress.info(f"network namespaces left: {len(left['netns'])}, links left: {len(left['links'])}")
+
+
 def run_story(demo, args):
     p = demo.progress
-    p.step("ansible-playbook playbooks/trace.yml -e scope=netns  (PKI, agent install, eBPF tracing with mutual TLS)")
+    p.step("ansible-playbook playbooks/trace.yml -e scope=netns   (fleet CA + mTLS certificates, agent install, eBPF tracing)")
     result = demo.deploy_agents()
     p.info(_recap(result.output))
-    p.info(f"done in {result.seconds:.0f}s")
+    p.info(f"trace.yml done in {result.seconds:.0f}s")
 
-    p.step("Training job: torchrun on each host, 4 ranks (gloo), GPU work through the STAND-IN libcuda")
+    p.step("Training job: torchrun on each host, one rank each (gloo all-reduce every step); "
+           "GPU work through the STAND-IN libcuda (no GPU here)")
     total = args.warmup_s + (0 if args.no_writer else args.straggle_s) + 120
     demo.start_job(seconds=total, with_writer=not args.no_writer, writer_seconds=args.straggle_s + 60)
     demo.wait_for_steps(min_steps=20)
     p.info(f"all 4 ranks stepping; clean warm-up for {args.warmup_s:.0f}s")
     _sleep_with_progress(p, args.warmup_s, demo)
     if not args.no_writer:
-        p.step(f"Checkpoint writer on {STRAGGLER_NODE} only (3 zlib threads + fsync, pinned to its trainer's CPU)")
+        p.step(f"Checkpoint writer on {STRAGGLER_NODE} only (3 zlib threads + fsync, ~100 MB per checkpoint, "
+               f"on the same CPU as its trainer) for {args.straggle_s:.0f}s")
         demo.start_writer()
         _sleep_with_progress(p, args.straggle_s, demo)
+
+    p.step("Stop the job; each rank's own step log says: the whole job slowed down, every rank alike")
+    demo.stop_job()
+    stats = demo.step_stats()
+    from straggler.render import table_text
+    p.raw(table_text(*stats.table()))
+    p.info("which node? nothing in the step times says: the job is synchronous. The agents' stores do:")
 
     p.step("ansible-playbook playbooks/fleet_query.yml -e 'sql=\"" + FIELD_SQL + "\"'")
     result, _ = demo.fleet_query()
     p.raw(_table_part(result.output))
 
-    p.step(f"straggler explain --nodes <the 4 agents> (HTTPS, the controller's client certificate)")
+    p.step("straggler explain --nodes <the 4 agents, port 7433> --ca/--cert/--key <the controller's client certificate>")
     text, report = demo.explain()
-    p.raw(text.output.split("\n", 1)[1] if text.output.startswith("$") else text.output)
+    p.raw(_strip_command_line(text.output))
+    p.info(f"the SQL behind every number: {demo.logs / 'explain.json'} (and demo-output/explain.md after collect)")
 
-    p.step("Stop the job; what every rank saw (its own step log)")
-    demo.stop_job()
-    stats = demo.step_stats()
-    from straggler.render import table_text
-    p.raw(table_text(*stats.table()))
-
-    p.step("ansible-playbook playbooks/collect.yml  (air-gapped path: snapshots over SSH, merge, explain, export)")
+    p.step("ansible-playbook playbooks/collect.yml -e out=demo-output   (the air-gapped path: snapshots over SSH, "
+           "merge, explain, Perfetto export)")
     result = demo.collect()
     p.info(_recap(result.output))
-    for name in ("cluster.db", "trace.json"):
+    for name in ("cluster.db", "trace.json", "explain.md"):
         path = demo.out / name
-        p.info(f"{path}  ({path.stat().st_size / 1e6:.1f} MB)" if path.exists() else f"{path} MISSING")
-    p.info("open the timeline: https://ui.perfetto.dev → Open trace file → demo-output/trace.json")
-    p.info("query the cluster:  sqlite3 demo-output/cluster.db \"" + FIELD_SQL + "\"")
-
-    p.step("ansible-playbook playbooks/trace.yml -e state=stopped")
-    demo.stop_agents()
+        p.info(f"{path}  ({path.stat().st_size / 1e6:.1f} MB)" if path.exists() else f"{path}: MISSING")
+    p.info("open the timeline: https://ui.perfetto.dev → 'Open trace file' → demo-output/trace.json")
+    p.info("ask your own questions: sqlite3 demo-output/cluster.db \"" + FIELD_SQL + "\"")
+    if not args.no_writer and report.get("straggler") != STRAGGLER_NODE:
+        p.raw(f"\ndemo: the fleet explain named {report.get('straggler')!r}, not {STRAGGLER_NODE}: "
+              f"the machine may be too busy for the scenario (see the step times above)")
+        return 3
     return 0
+
+
+def _strip_command_line(output):
+    return output.split("\n", 1)[1] if output.startswith("$ ") else output
 
 
 def _sleep_with_progress(progress, seconds, demo, every_s=10.0):

@@ -109,15 +109,55 @@ class GpuWork:
         if rc != 0:
             raise CudaError(f"{what} returned CUDA error {rc}")
 
-    def step(self):
-        """cuMemAlloc, the step's kernel launches, the wait for the GPU, cuMemFree."""
+    def alloc(self):
         dptr = ctypes.c_uint64(0)
         self._check("cuMemAlloc", self._alloc(ctypes.byref(dptr), ctypes.c_size_t(self.alloc_bytes)))
-        for _ in range(self.launches_per_step):
-            self._check("cuLaunchKernel", self._launch(self.function, 64, 1, 1, 256, 1, 1, 0, self.stream,
-                                                       self._param_ptrs if self.real else None, None))
+        return dptr
+
+    def launch(self):
+        self._check("cuLaunchKernel", self._launch(self.function, 64, 1, 1, 256, 1, 1, 0, self.stream,
+                                                   self._param_ptrs if self.real else None, None))
+
+    def sync(self):
         self._check("cuStreamSynchronize", self._sync(self.stream))
+
+    def free(self, dptr):
         self._check("cuMemFree", self._free(dptr))
+
+    def step(self):
+        """A step's GPU calls in one go: cuMemAlloc, the launches, the wait for the GPU, cuMemFree."""
+        dptr = self.alloc()
+        for _ in range(self.launches_per_step):
+            self.launch()
+        self.sync()
+        self.free(dptr)
+
+
+def attach_gpu_calls(model, gpu):
+    """Make the model's CPU work issue its GPU calls where a GPU job issues them: one
+    cuLaunchKernel after each Linear's forward and for each parameter's gradient (backward),
+    the step's cuMemAlloc with the first gradient. The calls are then spread over the step's
+    CPU time, so a trainer that loses its CPU in the middle of a step loses it inside them too.
+    Returns the step's state (the allocation to free) and the number of launches per step."""
+    state = {"dptr": None}
+
+    def after_forward(_module, _inputs, _output):
+        gpu.launch()
+
+    def on_grad(_grad):
+        if state["dptr"] is None:
+            state["dptr"] = gpu.alloc()
+        gpu.launch()
+
+    launches = 0
+    for module in model.modules():
+        if module.__class__.__name__ == "Linear":
+            module.register_forward_hook(after_forward)
+            launches += 1
+    for param in model.parameters():
+        param.register_hook(on_grad)
+        launches += 1
+    return state, launches + 1  # + the optimizer's launch
 
 
 def find_cuda_library(args):
@@ -149,7 +189,6 @@ def build_arg_parser():
     p.add_argument("--real-cuda", action="store_true", help="call the system's real libcuda (GPU node) instead of the stand-in")
     p.add_argument("--no-cuda", action="store_true", help="no CUDA calls at all; sleep --gpu-wait-ms instead (debugging)")
     p.add_argument("--gpu-wait-ms", type=float, default=10.0, help="the wait for the GPU per step (real GPU / --no-cuda)")
-    p.add_argument("--launches", type=int, default=4, help="cuLaunchKernel calls per step")
     p.add_argument("--timeout-s", type=float, default=60.0, help="gloo timeout: a rank left alone gives up after this")
     return p
 
@@ -180,20 +219,21 @@ def main(argv=None):
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
     t_init = time.monotonic() - t0
 
-    if args.no_cuda:
-        gpu = None
-        lib_desc = "none (--no-cuda: sleep)"
-    else:
-        lib_path = find_cuda_library(args)
-        gpu = GpuWork(lib_path, launches_per_step=args.launches, gpu_wait_ms=args.gpu_wait_ms, real=args.real_cuda)
-        lib_desc = lib_path + ("" if args.real_cuda else " (STAND-IN, no GPU)")
-
     torch.manual_seed(1234)
     model = torch.nn.Sequential(
         torch.nn.Linear(256, args.hidden), torch.nn.ReLU(),
         torch.nn.Linear(args.hidden, 256), torch.nn.ReLU(),
         torch.nn.Linear(256, 10))
     n_params = sum(p.numel() for p in model.parameters())
+    if args.no_cuda:
+        gpu, gpu_state = None, None
+        lib_desc = "none (--no-cuda: sleep)"
+    else:
+        lib_path = find_cuda_library(args)
+        launches = 3 + 6 + 1  # what attach_gpu_calls sets up for this model (used to size the real GPU's spin)
+        gpu = GpuWork(lib_path, launches_per_step=launches, gpu_wait_ms=args.gpu_wait_ms, real=args.real_cuda)
+        gpu_state, launches = attach_gpu_calls(model, gpu)
+        lib_desc = lib_path + ("" if args.real_cuda else " (STAND-IN, no GPU)") + f", {launches} launches/step"
     ddp = DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -214,14 +254,17 @@ def main(argv=None):
     t_prev = t_start
     try:
         while True:
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(ddp(inputs), labels)  # a cuLaunchKernel per layer (forward hooks)
+            loss.backward()  # cuMemAlloc + a launch per gradient; DDP all-reduces the gradients over gloo here
+            opt.step()
             if gpu is not None:
-                gpu.step()
+                gpu.launch()  # the optimizer's kernel
+                gpu.sync()    # the wait for the GPU (the stand-in sleeps; a real GPU runs the spin kernels)
+                gpu.free(gpu_state["dptr"])
+                gpu_state["dptr"] = None
             else:
                 time.sleep(args.gpu_wait_ms / 1000)
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(ddp(inputs), labels)
-            loss.backward()  # DDP all-reduces the gradients over gloo here
-            opt.step()
             step += 1
             now = time.monotonic()
             log.write(f"{rank},{node},{step},{time.time():.6f},{(now - t_prev) * 1000:.3f}\n")
