@@ -223,9 +223,14 @@ def _fmt_bytes(b):
 
 
 def _fmt_number(name, value):
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    text = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    if name.endswith("_ns"):
+        return f"{text} ({_fmt_ns(value)})"
+    if name.endswith("bytes"):
+        return f"{text} ({_fmt_bytes(value)})"
+    return text
 
 
 def _q(text):
@@ -714,7 +719,8 @@ def _explain(runner, opts, source):
         findings.append(Finding(
             severity="warning", node=None, cause="missing-nodes",
             summary=f"{len(report.missing)} node(s) missing: {names}"
-                    + (f" (ranks without data: {', '.join(map(str, absent_ranks))})" if absent_ranks else "")
+                    + (f" (ranks without data: {', '.join(map(str, absent_ranks))})"
+                       if absent_ranks and any("rank" not in m for m in report.missing) else "")
                     + "; " + "; ".join(uncertain),
             numbers={"nodes_with_data": seen, "missing": len(report.missing), "world_size": world or None},
             sql={"inventory": SQL_INVENTORY.strip(), "ranks": SQL_RANKS.strip()},
@@ -754,8 +760,9 @@ def _straggler_findings(runner, report, opts, s, candidate, op_stats, by_op, run
         numbers[f"{op}_ratio"] = st["ratio"]
         numbers[f"{op}_p99_ns"] = st["node_p99_ns"]
         sources[f"{op}_p99_ns"] = dict(sql="call_latency", match={"node": s, "source": src, "op": op}, column="p99_ns")
+        p99_word = "p99 ≤" if "json_each" in latency_sql else "p99"     # a log2 bucket's upper bound
         phrases.append(f"{op} mean {_fmt_ns(st['node_mean_ns'])} on {s} vs {_fmt_ns(st['median'])} median of the "
-                       f"others, {st['ratio']:.1f}× (p99 {_fmt_ns(st['node_p99_ns'])})")
+                       f"others, {st['ratio']:.1f}× ({p99_word} {_fmt_ns(st['node_p99_ns'])})")
     rq = runq.get(s)
     if rq:
         st = runq_signal.get(s, {})
