@@ -349,6 +349,13 @@ class TestRecordAll:
             agent.db, "SELECT count(*) FROM offcpu WHERE pid = ? AND state = 'preempted' AND other_comm = 'straggler-hog' "
                       "AND other_pid = ?", (pid, hog.pid)))
         assert preempted_by_hog > 0
+        # while it spins between its first and last call the workload never sleeps: it was runnable
+        # whenever it was off the CPU
+        first, last = query(agent.db, "SELECT min(ts), max(ts) FROM events WHERE pid = ? AND op = 'cuLaunchKernel'",
+                            (pid,))[0]
+        states = dict(query(agent.db, "SELECT state, count(*) FROM offcpu WHERE pid = ? AND ts > ? AND ts < ? "
+                                      "GROUP BY state", (pid, first, last)))
+        assert states.get("preempted", 0) >= 0.9 * sum(states.values()), states
         runq = query(agent.db, "SELECT count(*), min(duration), sum(duration) FROM events WHERE source = 'sched' "
                                "AND op = 'runq' AND pid = ?", (pid,))[0]
         assert runq[0] > 0 and runq[1] >= 0 and runq[2] > 0
