@@ -13,7 +13,7 @@ import pytest
 from straggler import cli
 from straggler.analysis import explain, synth
 
-EVENTS = 24_000
+EVENTS = 16_000
 
 
 @pytest.fixture(scope="module")
