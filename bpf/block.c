@@ -24,7 +24,7 @@ struct bio_info {
     u32 cpu;
     char comm[COMM_LEN];
 };
-BPF_TABLE("lru_hash", u64, struct bio_info, bio_submit, 32768);  /* start sector -> submitter */
+BPF_TABLE("lru_hash", u64, struct bio_info, bio_submit, 65536);  /* start sector -> submitter */
 
 TRACEPOINT_PROBE(block, block_bio_queue)
 {
@@ -60,6 +60,26 @@ TRACEPOINT_PROBE(block, block_split)
     copy.bytes = end > second ? (end - second) * 512 : 0;
     info->bytes = (second - key) * 512;
     bio_submit.update(&second, &copy);
+    return 0;
+}
+
+/* A bio merged into a request that another bio starts: its entry would never be matched (and
+ * would crowd the LRU map until live entries get evicted). The request keeps its first
+ * submitter; its bytes (at issue) include the merged bio. */
+TRACEPOINT_PROBE(block, block_bio_backmerge)
+{
+    count_hit(HIT_BLOCK);
+    u64 key = args->sector;
+    bio_submit.delete(&key);
+    return 0;
+}
+
+/* A bio merged in front of a request: it is the request's start now; the old start is not. */
+TRACEPOINT_PROBE(block, block_bio_frontmerge)
+{
+    count_hit(HIT_BLOCK);
+    u64 old_start = args->sector + args->nr_sector;
+    bio_submit.delete(&old_start);
     return 0;
 }
 

@@ -204,7 +204,7 @@ class Agent:
         self.writer.flush(timeout=10)
         if self.writer.error:
             raise StragglerError(self.writer.error)
-        api = f" api={opts.listen}" if opts.listen else ""
+        api = f" api={getattr(self.api, 'url', opts.listen)}" if self.api is not None else ""
         print(f"straggler: tracing ({self.probes.probe_count} probes) node={opts.node} db={opts.db}{api}",
               file=sys.stderr, flush=True)
 

@@ -26,7 +26,8 @@ LOST_PROBES = ["uretprobe:cuda_calls", "tracepoint:sched:sched_switch", "tracepo
 TRACEPOINTS = [
     "sched:sched_switch", "sched:sched_wakeup", "sched:sched_wakeup_new", "task:task_newtask",
     "sched:sched_process_exec", "sched:sched_process_exit",
-    "block:block_bio_queue", "block:block_split", "block:block_rq_issue", "block:block_rq_complete",
+    "block:block_bio_queue", "block:block_split", "block:block_bio_backmerge", "block:block_bio_frontmerge",
+    "block:block_rq_issue", "block:block_rq_complete",
     "syscalls:sys_exit_setns",
 ]
 
@@ -157,6 +158,7 @@ class Probes:
                 self.failed_libraries.setdefault(identity, f"attaching {sym.name} failed: {exc}")
                 continue
             self.attached.append((f"uprobe:{sym.name}", path))
+            self.attached.append((f"uretprobe:{sym.name}", path))
             count += 2
         self.uprobe_count += count
         if count:
