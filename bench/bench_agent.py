@@ -224,10 +224,13 @@ def main(argv=None):
             sustained = []
             for rate in (5_000, 10_000, 20_000, 40_000, 80_000):
                 lost_before = agent.query("SELECT coalesce(sum(count), 0) FROM lost_events")[0][0]
+                cpu_before = agent.cpu_seconds()
                 pids, made, elapsed = paced_run(paths, rate, phase_s, 1 if rate <= 40_000 else 2)
                 rows, lost_after = wait_for_rows(agent, pids, made + lost_before)
+                cpu = agent.cpu_seconds() - cpu_before
                 sustained.append({"target_calls_per_s": rate, "achieved_calls_per_s": made / elapsed,
-                                  "rows_per_s": rows / elapsed, "lost": lost_after - lost_before})
+                                  "rows_per_s": rows / elapsed, "lost": lost_after - lost_before,
+                                  "agent_cpu_us_per_row": 1e6 * cpu / rows if rows else None})
             results["sustained"] = sustained
         finally:
             agent.stop()
@@ -255,8 +258,9 @@ def main(argv=None):
          f"{(per['agent_record_all'] - per['untraced']) / bpf_added:.2f}x" if bpf_added > 0 else "-"],
     ]
     for s in results["sustained"]:
+        per_row = f", agent {s['agent_cpu_us_per_row']:.1f} µs CPU/row" if s["agent_cpu_us_per_row"] else ""
         table.append([f"--record-all at {s['target_calls_per_s']:,} calls/s", f"{s['rows_per_s']:,.0f} rows/s",
-                      f"achieved {s['achieved_calls_per_s']:,.0f}/s", f"lost {s['lost']:,}"])
+                      f"achieved {s['achieved_calls_per_s']:,.0f}/s{per_row}", f"lost {s['lost']:,}"])
     table.append(["SQLite executemany, same schema (baseline)", f"{results['sqlite_rows_per_s']['schema']:,.0f} rows/s",
                   "", ""])
     table.append(["SQLite executemany, bare table (baseline)", f"{results['sqlite_rows_per_s']['bare']:,.0f} rows/s",

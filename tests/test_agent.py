@@ -473,27 +473,31 @@ def outside_workload(standin, *args, env=None):
                             stderr=subprocess.PIPE, text=True)
 
 
-class TestSampledNetns:
-    CALLS = 5000
+SCOPE_CALLS = 5000
 
-    @pytest.fixture(scope="class")
-    def inside_and_outside(self, agent_b, launcher_b, standin, tmp_path_factory):
-        """The same flood inside the agent's namespace and outside it, started together once the
-        agent has adopted the inside one (so it had every chance to see the other)."""
-        go = tmp_path_factory.mktemp("scope") / "go"
-        flood = ("--mode", "launch", "--iterations", self.CALLS, "--wait-file", go, "--hold-ms", "300")
-        env = {"STRAGGLER_STANDIN_LAUNCH_US": "0"}
-        inside = start_child_workload(launcher_b, standin, *map(str, flood), env=env)
-        outside = outside_workload(standin, *flood, env=env)
-        try:
-            adopted = wait_until(lambda: scalar(agent_b.db, "SELECT count(*) FROM processes WHERE pid = ?",
-                                                (inside.pid,)))
-            assert adopted, agent_b.stderr_lines[-5:]
-        finally:
-            go.touch()
-        out, err = outside.communicate(timeout=180)
-        assert outside.returncode == 0, err
-        return inside.workload_summary(), json.loads(out)
+
+@pytest.fixture(scope="class")
+def inside_and_outside(agent_b, launcher_b, standin, tmp_path_factory):
+    """The same flood inside the agent's namespace and outside it, started together once the
+    agent has adopted the inside one (so it had every chance to see the other)."""
+    go = tmp_path_factory.mktemp("scope") / "go"
+    flood = ("--mode", "launch", "--iterations", SCOPE_CALLS, "--wait-file", go, "--hold-ms", "300")
+    env = {"STRAGGLER_STANDIN_LAUNCH_US": "0"}
+    inside = start_child_workload(launcher_b, standin, *map(str, flood), env=env)
+    outside = outside_workload(standin, *flood, env=env)
+    try:
+        adopted = wait_until(lambda: scalar(agent_b.db, "SELECT count(*) FROM processes WHERE pid = ?",
+                                            (inside.pid,)))
+        assert adopted, agent_b.stderr_lines[-5:]
+    finally:
+        go.touch()
+    out, err = outside.communicate(timeout=180)
+    assert outside.returncode == 0, err
+    return inside.workload_summary(), json.loads(out)
+
+
+class TestSampledNetns:
+    CALLS = SCOPE_CALLS
 
     def test_every_call_is_counted_while_only_a_sample_gets_rows(self, agent_b, inside_and_outside):
         inside, _ = inside_and_outside
@@ -509,6 +513,21 @@ class TestSampledNetns:
         reasons = query(agent_b.db, "SELECT DISTINCT detail FROM events WHERE pid = ? AND op = 'cuLaunchKernel'",
                         (inside["pid"],))
         assert reasons and all(json.loads(detail)["why"] for (detail,) in reasons)
+
+    @pytest.mark.parametrize("mode,env,reason", [
+        ("sync", {"STRAGGLER_STANDIN_SYNC_US": "1000"}, "offcpu"),     # sleeps: its thread leaves the CPU
+        ("launch", {"STRAGGLER_STANDIN_LAUNCH_US": "12000"}, "slow"),  # spins longer than --slow-floor-us
+    ])
+    def test_slow_calls_and_calls_that_left_the_cpu_always_get_rows(self, agent_b, launcher_b, standin, mode, env,
+                                                                       reason):
+        calls = 40
+        summary = start_child_workload(launcher_b, standin, "--mode", mode, "--iterations", str(calls),
+                                       "--hold-ms", "300", env=env).workload_summary()
+        rows = lambda: query(agent_b.db, "SELECT detail FROM events WHERE pid = ? AND source = 'driver'",
+                             (summary["pid"],))
+        wait_until(lambda: len(rows()) >= calls)
+        assert len(rows()) == calls  # not 1 in 2
+        assert all(reason in json.loads(detail)["why"] for (detail,) in rows())
 
     def test_a_process_outside_the_namespace_is_not_traced(self, agent_b, inside_and_outside):
         _, outside = inside_and_outside

@@ -90,7 +90,7 @@ class StoreWriter:
     """Batches rows from any thread into one writer thread; enforces --max-db / --max-age."""
 
     def __init__(self, db_path, node, interval_ns=5_000_000_000, max_db_bytes=None, max_age_ns=None,
-                 flush_interval_s=0.5, max_queued_events=1_000_000):
+                 flush_interval_s=0.5, max_queued_events=200_000):
         self.db_path, self.node = db_path, node
         self.interval_ns = int(interval_ns)
         self.max_db_bytes = max_db_bytes
