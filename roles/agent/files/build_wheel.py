@@ -7,7 +7,7 @@ It hashes the files that make the package (pyproject.toml, setup.cfg/setup.py/MA
 agent/ and bpf/), and when DIR/<hash>/ holds no wheel yet it copies those files to a private
 temporary directory and runs `pip wheel --no-deps --no-build-isolation -w OUT .` there, then moves
 the wheel into DIR/<hash>/ with an atomic rename. Prints one JSON line:
-{"changed": bool, "wheel": path, "sha256": hex, "source_hash": hex}.
+{"changed": bool, "wheel": path, "sha256": hex, "source_hash": hex, "bpf_in_wheel": bool}.
 
 What it must not do: use the network (no build isolation, no dependencies), write into the
 source tree (parallel builds and developers' build/ or *.egg-info stay untouched), or leave a
@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 
 TOP_FILES = ("pyproject.toml", "setup.cfg", "setup.py", "MANIFEST.in", "README.md", "LICENSE")
 TREES = ("agent", "bpf")
@@ -62,6 +63,17 @@ def existing_wheel(directory):
     return os.path.join(directory, wheels[0]) if wheels else None
 
 
+def bpf_in_wheel(wheel):
+    """Whether the wheel carries the BPF sources itself (as data files or package data)."""
+    with zipfile.ZipFile(wheel) as archive:
+        return any(name.endswith("/cuda.c") and "bpf/" in name for name in archive.namelist())
+
+
+def describe(wheel, digest, changed):
+    return {"changed": changed, "wheel": wheel, "sha256": file_sha256(wheel), "source_hash": digest,
+            "bpf_in_wheel": bpf_in_wheel(wheel)}
+
+
 def build(source, cache, python):
     if not os.path.isfile(os.path.join(source, "pyproject.toml")):
         raise SystemExit(f"build_wheel: {source} has no pyproject.toml: set straggler_agent_source_dir to the "
@@ -71,7 +83,7 @@ def build(source, cache, python):
     target = os.path.join(cache, digest[:16])
     wheel = existing_wheel(target)
     if wheel:
-        return {"changed": False, "wheel": wheel, "sha256": file_sha256(wheel), "source_hash": digest}
+        return describe(wheel, digest, False)
     os.makedirs(cache, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".build-", dir=cache) as work:
         tree = os.path.join(work, "src")
@@ -96,8 +108,7 @@ def build(source, cache, python):
         except OSError:
             if not existing_wheel(target):
                 raise
-    wheel = existing_wheel(target)
-    return {"changed": True, "wheel": wheel, "sha256": file_sha256(wheel), "source_hash": digest}
+    return describe(existing_wheel(target), digest, True)
 
 
 def main(argv=None):
