@@ -15,7 +15,8 @@
  *   --hold-ms H    sleep H ms after the calls, before exiting
  *   --log F        write one line per call of the first 10000: "op before_ns after_ns" (CLOCK_MONOTONIC)
  *
- * At the end it prints one JSON line: pid, tid, calls per function, total, elapsed ns, ns per call.
+ * At the end it prints one JSON line: pid, tid, calls per function, total, elapsed ns, ns per call,
+ * and the CPU time (user + system, so including the kernel's probe handling) per call.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -24,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -204,6 +206,9 @@ int main(int argc, char **argv)
         }
     }
     uint64_t elapsed = now_ns() - start;
+    struct rusage usage;
+    getrusage(RUSAGE_SELF, &usage);
+    double cpu_ns = (usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1e9 + (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e3;
     if (log_path) {
         FILE *f = fopen(log_path, "w");
         if (!f) { fprintf(stderr, "workload: cannot write %s\n", log_path); return 2; }
@@ -219,8 +224,8 @@ int main(int argc, char **argv)
         printf("%s\"%s\": %lu", first ? "" : ", ", op_names[i], op_calls[i]);
         first = 0;
     }
-    printf("}, \"total_calls\": %lu, \"elapsed_ns\": %llu, \"ns_per_call\": %.1f}\n", total,
-           (unsigned long long)elapsed, total ? (double)elapsed / (double)total : 0.0);
+    printf("}, \"total_calls\": %lu, \"elapsed_ns\": %llu, \"ns_per_call\": %.1f, \"cpu_ns_per_call\": %.1f}\n", total,
+           (unsigned long long)elapsed, total ? (double)elapsed / (double)total : 0.0, total ? cpu_ns / (double)total : 0.0);
     fflush(stdout);
     return 0;
 }
