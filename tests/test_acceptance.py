@@ -24,8 +24,8 @@ from straggler.demo.run import FIELD_SQL, RANKS_SQL, STRAGGLER_NODE, Demo, Progr
 
 pytestmark = pytest.mark.bpf
 
-WARMUP_S = 20.0      # clean steps traced before the writer starts (explain's own baseline)
-STRAGGLE_S = 30.0    # steps with the writer before the queries
+WARMUP_S = 16.0      # clean steps traced before the writer starts (explain: the first quarter is the baseline)
+STRAGGLE_S = 40.0    # steps with the writer, then the job stops and the queries run
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,8 @@ def build_arg_parser():
     p.add_argument("--ifname", default="eth0", help="GLOO_SOCKET_IFNAME: the host's network interface")
     p.add_argument("--job-dir", required=True, help="step logs (steps-rank<R>.csv) and output go here")
     p.add_argument("--trainer-args", default="", help="more arguments for straggler.demo.trainer (one string)")
+    p.add_argument("--stop-file", help="when this file appears, stop the checkpoint writer at once (the trainer "
+                                        "stops by itself: it watches the same file)")
     p.add_argument("--writer-trigger", help="start the checkpoint writer when this file exists")
     p.add_argument("--writer-cpu", type=int, default=None)
     p.add_argument("--writer-seconds", type=float, default=60.0)
@@ -80,8 +82,13 @@ def main(argv=None):
                 writer = subprocess.Popen(writer_cmd, env=env, stdin=subprocess.DEVNULL)
                 children.append(writer)
                 print(f"[node rank {args.rank}] checkpoint writer started: pid {writer.pid}", flush=True)
+            if writer is not None and writer.poll() is None and args.stop_file and os.path.exists(args.stop_file):
+                writer.send_signal(signal.SIGTERM)
             time.sleep(0.1)
     finally:
+        why = ("trainer exited" if trainer.poll() is not None else
+               f"signal {stopping['signal']}" if stopping["signal"] is not None else "time limit")
+        print(f"[node rank {args.rank}] stopping ({why}) at {time.strftime('%H:%M:%S')}", flush=True)
         for child in reversed(children):  # the writer first, then the trainer
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)

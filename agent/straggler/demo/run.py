@@ -235,7 +235,7 @@ class Demo:
             targs = f"--seconds {seconds} --stop-file {self.stop_file} --standin-dir {self.out / 'standin'} {trainer_args}"
             argv = [sys.executable, "-m", "straggler.demo.node", "--rank", str(rank), "--nnodes", str(len(self.hosts)),
                     "--master-addr", master, "--master-port", str(MASTER_PORT), "--ifname", "eth0",
-                    "--job-dir", str(self.job_dir), "--max-seconds", str(seconds + 120)]
+                    "--job-dir", str(self.job_dir), "--max-seconds", str(seconds + 120), "--stop-file", str(self.stop_file)]
             if name == STRAGGLER_NODE:
                 targs += " --pin-cpu 0"
                 if with_writer:
@@ -389,8 +389,8 @@ def build_arg_parser():
     p.add_argument("--out", default=str(REPO_ROOT / "demo-output"), help="output directory (default demo-output/)")
     p.add_argument("--testbed-id", type=int, default=int(os.environ.get("STRAGGLER_DEMO_TESTBED_ID", DEFAULT_TESTBED_ID)),
                    help=f"test bed id (subnet 10.213.<id>.0/24; default {DEFAULT_TESTBED_ID} or $STRAGGLER_DEMO_TESTBED_ID)")
-    p.add_argument("--warmup-s", type=float, default=20.0, help="clean steps before the checkpoint writer starts")
-    p.add_argument("--straggle-s", type=float, default=30.0, help="how long the writer runs before the queries")
+    p.add_argument("--warmup-s", type=float, default=16.0, help="clean steps before the checkpoint writer starts")
+    p.add_argument("--straggle-s", type=float, default=40.0, help="how long the writer runs before the queries")
     p.add_argument("--no-writer", action="store_true", help="the control run: no checkpoint writer (no straggler)")
     p.add_argument("--keep-up", action="store_true", help="leave the test bed and agents up at the end (to explore)")
     return p

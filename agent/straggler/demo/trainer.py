@@ -69,8 +69,9 @@ class GpuWork:
             # the stand-in reads its call durations from the environment when it is loaded:
             # synchronisations sleep (the wait for the GPU), launches/allocs busy-wait briefly
             os.environ.setdefault("STRAGGLER_STANDIN_SYNC_US", str(int(gpu_wait_ms * 1000)))
-            # host-side cost of a launch (a few µs) and of an allocation (cuMemAlloc is slow: ~100 µs)
-            os.environ.setdefault("STRAGGLER_STANDIN_LAUNCH_US", "8")
+            # host-side cost of a launch as a framework sees it (dispatch + cuLaunchKernel: ~20 µs)
+            # and of an allocation (cuMemAlloc is slow: ~100 µs)
+            os.environ.setdefault("STRAGGLER_STANDIN_LAUNCH_US", "20")
             os.environ.setdefault("STRAGGLER_STANDIN_ALLOC_US", "100")
         self.lib = ctypes.CDLL(lib_path)
         self.lib_path = lib_path
@@ -133,31 +134,37 @@ class GpuWork:
         self.free(dptr)
 
 
-def attach_gpu_calls(model, gpu):
-    """Make the model's CPU work issue its GPU calls where a GPU job issues them: one
-    cuLaunchKernel after each Linear's forward and for each parameter's gradient (backward),
-    the step's cuMemAlloc with the first gradient. The calls are then spread over the step's
-    CPU time, so a trainer that loses its CPU in the middle of a step loses it inside them too.
-    Returns the step's state (the allocation to free) and the number of launches per step."""
+def attach_gpu_calls(model, gpu, per_op=3):
+    """Make the model's CPU work issue its GPU calls where a GPU job issues them: `per_op`
+    cuLaunchKernel after each Linear's forward (GEMM, bias, activation) and for each
+    parameter's gradient (backward), the step's cuMemAlloc with the first gradient. On a GPU
+    node the trainer's CPU time is mostly this: dispatching and launching kernels. The calls
+    are spread over the step's CPU time, so a trainer that loses its CPU in the middle of a
+    step loses it inside them too. Returns the step's state (the allocation to free) and the
+    number of launches per step (without the optimizer's)."""
     state = {"dptr": None}
 
+    def launch_op():
+        for _ in range(per_op):
+            gpu.launch()
+
     def after_forward(_module, _inputs, _output):
-        gpu.launch()
+        launch_op()
 
     def on_grad(_grad):
         if state["dptr"] is None:
             state["dptr"] = gpu.alloc()
-        gpu.launch()
+        launch_op()
 
     launches = 0
     for module in model.modules():
         if module.__class__.__name__ == "Linear":
             module.register_forward_hook(after_forward)
-            launches += 1
+            launches += per_op
     for param in model.parameters():
         param.register_hook(on_grad)
-        launches += 1
-    return state, launches + 1  # + the optimizer's launch
+        launches += per_op
+    return state, launches
 
 
 def find_cuda_library(args):
@@ -189,6 +196,8 @@ def build_arg_parser():
     p.add_argument("--real-cuda", action="store_true", help="call the system's real libcuda (GPU node) instead of the stand-in")
     p.add_argument("--no-cuda", action="store_true", help="no CUDA calls at all; sleep --gpu-wait-ms instead (debugging)")
     p.add_argument("--gpu-wait-ms", type=float, default=10.0, help="the wait for the GPU per step (real GPU / --no-cuda)")
+    p.add_argument("--launches-per-op", type=int, default=3,
+                   help="cuLaunchKernel calls per layer forward and per gradient (a GPU job launches several kernels per op)")
     p.add_argument("--timeout-s", type=float, default=60.0, help="gloo timeout: a rank left alone gives up after this")
     return p
 
@@ -230,9 +239,10 @@ def main(argv=None):
         lib_desc = "none (--no-cuda: sleep)"
     else:
         lib_path = find_cuda_library(args)
-        launches = 3 + 6 + 1  # what attach_gpu_calls sets up for this model (used to size the real GPU's spin)
+        launches = (3 + 6) * args.launches_per_op + 1  # what attach_gpu_calls sets up, + the optimizer's
         gpu = GpuWork(lib_path, launches_per_step=launches, gpu_wait_ms=args.gpu_wait_ms, real=args.real_cuda)
-        gpu_state, launches = attach_gpu_calls(model, gpu)
+        gpu_state, launches = attach_gpu_calls(model, gpu, per_op=args.launches_per_op)
+        launches += 1
         lib_desc = lib_path + ("" if args.real_cuda else " (STAND-IN, no GPU)") + f", {launches} launches/step"
     ddp = DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
@@ -283,10 +293,15 @@ def main(argv=None):
     finally:
         log.close()
     elapsed = time.monotonic() - t_start
-    print(f"[rank {rank}] done: {step} steps in {elapsed:.1f}s ({elapsed / max(step, 1) * 1000:.1f} ms/step)", flush=True)
+    print(f"[rank {rank}] done: {step} steps in {elapsed:.1f}s ({elapsed / max(step, 1) * 1000:.1f} ms/step) "
+          f"at {time.strftime('%H:%M:%S')}", flush=True)
     dist.destroy_process_group()
+    print(f"[rank {rank}] left the process group at {time.strftime('%H:%M:%S')}", flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip the interpreter's slow teardown of torch (seconds): the log is closed, nothing is pending
