@@ -89,24 +89,19 @@ typedef void *CUcontext;
 API CUresult cuInit(unsigned int flags) { (void)flags; return 0; }
 API CUresult cuDriverGetVersion(int *v) { if (v) *v = 12040; return 0; }
 
-API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
-                            unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
-                            unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)
-{
-    (void)f; (void)gridDimX; (void)gridDimY; (void)gridDimZ; (void)blockDimX; (void)blockDimY; (void)blockDimZ;
-    (void)sharedMemBytes; (void)hStream; (void)kernelParams; (void)extra;
-    spin_ns(launch_ns);
-    return 0;
-}
-API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
-                                 unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
-                                 unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)
-{
-    (void)f; (void)gridDimX; (void)gridDimY; (void)gridDimZ; (void)blockDimX; (void)blockDimY; (void)blockDimZ;
-    (void)sharedMemBytes; (void)hStream; (void)kernelParams; (void)extra;
-    spin_ns(launch_ns);
-    return 0;
-}
+/* cuLaunchKernel and its per-thread-default-stream twin: the same signature, the same body. */
+#define CU_LAUNCH(name)                                                                                        \
+    API CUresult name(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,         \
+                      unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,                    \
+                      unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)          \
+    {                                                                                                            \
+        (void)f; (void)gridDimX; (void)gridDimY; (void)gridDimZ; (void)blockDimX; (void)blockDimY;              \
+        (void)blockDimZ; (void)sharedMemBytes; (void)hStream; (void)kernelParams; (void)extra;                  \
+        spin_ns(launch_ns);                                                                                      \
+        return 0;                                                                                                \
+    }
+CU_LAUNCH(cuLaunchKernel)
+CU_LAUNCH(cuLaunchKernel_ptsz)
 
 /* The legacy (v1, 32-bit pointer) allocator and the _v2 one that cuda.h maps cuMemAlloc to. */
 API CUresult cuMemAlloc(unsigned int *dptr, unsigned int bytesize) { spin_ns(alloc_ns); if (dptr) *dptr = (unsigned int)fake_alloc(bytesize); return 0; }
@@ -148,18 +143,16 @@ typedef int cudaError_t;
 typedef void *cudaStream_t;
 typedef struct { unsigned int x, y, z; } dim3; /* 12 bytes: passed by value in two registers each (SysV x86-64) */
 
-API cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args, size_t sharedMem, cudaStream_t stream)
-{
-    (void)func; (void)gridDim; (void)blockDim; (void)args; (void)sharedMem; (void)stream;
-    spin_ns(launch_ns);
-    return 0;
-}
-API cudaError_t cudaLaunchKernel_ptsz(const void *func, dim3 gridDim, dim3 blockDim, void **args, size_t sharedMem, cudaStream_t stream)
-{
-    (void)func; (void)gridDim; (void)blockDim; (void)args; (void)sharedMem; (void)stream;
-    spin_ns(launch_ns);
-    return 0;
-}
+#define CUDA_LAUNCH(name)                                                                                       \
+    API cudaError_t name(const void *func, dim3 gridDim, dim3 blockDim, void **args, size_t sharedMem,           \
+                         cudaStream_t stream)                                                                    \
+    {                                                                                                            \
+        (void)func; (void)gridDim; (void)blockDim; (void)args; (void)sharedMem; (void)stream;                   \
+        spin_ns(launch_ns);                                                                                      \
+        return 0;                                                                                                \
+    }
+CUDA_LAUNCH(cudaLaunchKernel)
+CUDA_LAUNCH(cudaLaunchKernel_ptsz)
 API cudaError_t cudaMalloc(void **devPtr, size_t size) { spin_ns(alloc_ns); if (devPtr) *devPtr = (void *)fake_alloc(size); return 0; }
 API cudaError_t cudaFree(void *devPtr) { (void)devPtr; spin_ns(alloc_ns); return 0; }
 API cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, int kind) { (void)dst; (void)src; (void)count; (void)kind; spin_ns(copy_ns); return 0; }
