@@ -116,6 +116,7 @@ class _Writer:
         self.fh = fh
         self.count = 0
         self._enc = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+        self._names = {}          # slice names repeat (op names, "preempted by X"): encode each once
         fh.write('{"traceEvents":[\n')
 
     def event(self, obj, raw_ts=None, raw_dur=None):
@@ -127,7 +128,12 @@ class _Writer:
 
     def slice(self, name, cat, pid, tid, ts_text, dur_text, args):
         """A complete ("X") event, formatted directly: the hot path of the export."""
-        self.fh.write(f'{SEPARATOR if self.count else ""}{{"ph":"X","name":{self._enc(name)},"cat":"{cat}","pid":{pid},'
+        encoded = self._names.get(name)
+        if encoded is None:
+            encoded = self._enc(name)
+            if len(self._names) < 10_000:      # bounded: memory must not grow with the trace
+                self._names[name] = encoded
+        self.fh.write(f'{SEPARATOR if self.count else ""}{{"ph":"X","name":{encoded},"cat":"{cat}","pid":{pid},'
                       f'"tid":{tid},"ts":{ts_text},"dur":{dur_text},"args":{self._enc(args)}}}')
         self.count += 1
 
