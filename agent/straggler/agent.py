@@ -45,7 +45,7 @@ def add_arguments(parser):
                              "every process that maps a CUDA library")
     parser.add_argument("--cuda-lib", action="append", default=[], metavar="PATH",
                         help="also attach to this CUDA/NCCL library (repeatable); libraries mapped by processes and in "
-                             "the usual install paths are found without it")
+                             "the usual install paths (with --scope host) are found without it")
     parser.add_argument("--scope", choices=["host", "netns"], default="host",
                         help="host: every process (default); netns: only processes in the agent's network namespace")
     parser.add_argument("--record-all", action="store_true", help="a row for every call (see below)")
@@ -186,8 +186,9 @@ class Agent:
             self.writer.submit("probes", [(opts.node, name, library, now)])
         self._rescan(now, initial=True)
         if not self.probes.libraries:
-            print("straggler: warning: no CUDA library found yet (none mapped by a process in scope, none in the usual "
-                  "install paths); tracing scheduling and block I/O, and attaching when a process maps one "
+            where = "none in the usual install paths" if opts.scope == "host" else "install paths are not searched with --scope netns"
+            print(f"straggler: warning: no CUDA library found yet (none mapped by a process in scope, {where}); "
+                  "tracing scheduling and block I/O, and attaching when a process maps one "
                   "(or pass --cuda-lib PATH)", file=sys.stderr, flush=True)
         for key, value in (("agent_version", __version__), ("agent_pid", os.getpid()), ("agent_state", "running"),
                            ("agent_started_ns", now), ("agent_interval_ns", opts.interval_ns),
@@ -231,7 +232,13 @@ class Agent:
         for tgid in sorted(targets):
             self._track(tgid, now_ns)
         candidates = list(self.opts.cuda_libs) if initial else []
-        candidates += symbols.libraries_in_install_paths() + list(libraries)
+        # The usual install paths are the machine's own: with --scope host they are the libraries
+        # jobs will map, so attach them up front. In a narrower scope (a container, a test-bed host)
+        # they may be nobody's, and every probe costs a kernel grace period when it is detached
+        # (serialised, ~0.1 s each here), so only the libraries that processes in scope map count.
+        if self.opts.scope == "host":
+            candidates += symbols.libraries_in_install_paths()
+        candidates += list(libraries)
         for path in candidates:
             try:
                 attached = self.probes.attach_library(path)
