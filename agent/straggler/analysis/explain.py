@@ -349,33 +349,17 @@ def context_ctes(trainer_pids, windows):
             + _values_cte("win", ("node", "t0", "tb", "t1"), sorted(windows)))
 
 
-def sql_runq_share(ctes):
-    """Run-queue wait of the trainer, summed over all its threads, as % of wall time: baseline vs recent."""
-    return f"""
-WITH {ctes}
-SELECT e.node,
-       SUM(CASE WHEN e.ts < w.tb THEN e.duration ELSE 0 END) AS runq_baseline_ns,
-       w.tb - w.t0 AS baseline_wall_ns,
-       SUM(CASE WHEN e.ts >= w.tb THEN e.duration ELSE 0 END) AS runq_recent_ns,
-       w.t1 - w.tb AS recent_wall_ns,
-       ROUND(100.0 * SUM(CASE WHEN e.ts < w.tb THEN e.duration ELSE 0 END) / MAX(w.tb - w.t0, 1), 1) AS runq_baseline_pct,
-       ROUND(100.0 * SUM(CASE WHEN e.ts >= w.tb THEN e.duration ELSE 0 END) / MAX(w.t1 - w.tb, 1), 1) AS runq_recent_pct,
-       COUNT(DISTINCT e.tid) AS threads
-FROM events e
-CROSS JOIN trainer t ON t.node = e.node AND t.pid = e.pid
-CROSS JOIN win w ON w.node = e.node
-WHERE e.source = 'sched' AND e.op = 'runq'
-GROUP BY e.node
-ORDER BY e.node"""
-
-
 def sql_runq_threads(ctes):
-    """The same per trainer thread: which thread lost the most."""
+    """Run-queue wait of each trainer thread as % of wall time, in the node's baseline and recent
+    window. Summed over a node's threads it is the trainer's run-queue share (the demo's signal;
+    more than 100 % is possible: several threads wait at once)."""
     return f"""
 WITH {ctes}
 SELECT e.node, e.tid, MIN(e.comm) AS comm,
-       ROUND(100.0 * SUM(CASE WHEN e.ts < w.tb THEN e.duration ELSE 0 END) / MAX(w.tb - w.t0, 1), 1) AS runq_baseline_pct,
-       ROUND(100.0 * SUM(CASE WHEN e.ts >= w.tb THEN e.duration ELSE 0 END) / MAX(w.t1 - w.tb, 1), 1) AS runq_recent_pct
+       SUM(CASE WHEN e.ts < w.tb THEN e.duration ELSE 0 END) AS runq_baseline_ns,
+       SUM(CASE WHEN e.ts >= w.tb THEN e.duration ELSE 0 END) AS runq_recent_ns,
+       100.0 * SUM(CASE WHEN e.ts < w.tb THEN e.duration ELSE 0 END) / MAX(w.tb - w.t0, 1) AS runq_baseline_pct,
+       100.0 * SUM(CASE WHEN e.ts >= w.tb THEN e.duration ELSE 0 END) / MAX(w.t1 - w.tb, 1) AS runq_recent_pct
 FROM events e
 CROSS JOIN trainer t ON t.node = e.node AND t.pid = e.pid
 CROSS JOIN win w ON w.node = e.node
@@ -594,10 +578,14 @@ def _explain(runner, opts, source):
             t0, t1 = int(r["sched_first_ts"]), int(r["sched_last_ts"])
             windows.append((r["node"], t0, t0 + int((t1 - t0) * opts.baseline_fraction), t1))
     ctes = context_ctes(trainer_pids, windows)
-    runq_sql = sql_runq_share(ctes)
-    runq = {r["node"]: r for r in runner.rows(runq_sql)}
-    threads_sql = sql_runq_threads(ctes)
+    threads_sql = runq_sql = sql_runq_threads(ctes)
     runq_threads = runner.rows(threads_sql)
+    runq = {}                       # per node: the sums over its trainer threads
+    for r in runq_threads:
+        acc = runq.setdefault(r["node"], dict(node=r["node"], runq_baseline_pct=0.0, runq_recent_pct=0.0, threads=0))
+        acc["runq_baseline_pct"] += r["runq_baseline_pct"] or 0.0
+        acc["runq_recent_pct"] += r["runq_recent_pct"] or 0.0
+        acc["threads"] += 1
     split_sql = sql_time_split(ctes, calling_tids)
     split = {r["node"]: r for r in runner.rows(split_sql)}
     lost = runner.rows(SQL_LOST)
@@ -699,7 +687,7 @@ def _explain(runner, opts, source):
                 severity="warning", node=n, cause="outlier",
                 summary=f"{n} is also an outlier ({_describe_signals(lat, rq_hit, runq.get(n), runq_signal.get(n))}), "
                         f"less than {straggler}",
-                numbers={"score": score}, sql={"call_latency": latency_sql.strip(), "runq_share": runq_sql.strip()},
+                numbers={"score": score}, sql={"call_latency": latency_sql.strip(), "runq_threads": runq_sql.strip()},
                 recommendation="look at this node next: a second slow node, or collateral damage of the first"))
     else:
         _no_straggler_findings(report, opts, nodes, runq, runq_sql, wait_outliers, split, split_sql, missing,
@@ -769,7 +757,7 @@ def _straggler_findings(runner, report, opts, s, candidate, op_stats, by_op, run
         numbers.update(runq_recent_pct=rq["runq_recent_pct"], runq_baseline_pct=rq["runq_baseline_pct"],
                        runq_others_median_pct=st.get("median"))
         for key in ("runq_recent_pct", "runq_baseline_pct"):
-            sources[key] = dict(sql="runq_share", match={"node": s}, column=key)
+            sources[key] = dict(sql="runq_threads", match={"node": s}, column=key, sum=True)
         top = next((t for t in runq_threads if t["node"] == s), None)
         thread = (f"; its thread {top['comm']} (tid {top['tid']}) {top['runq_baseline_pct']:.0f}% → "
                   f"{top['runq_recent_pct']:.0f}%") if top else ""
@@ -781,7 +769,7 @@ def _straggler_findings(runner, report, opts, s, candidate, op_stats, by_op, run
         severity="critical" if best_ratio >= 2 else "warning", node=s, cause="straggler",
         summary=f"{who} is the straggler: " + "; ".join(phrases),
         numbers=numbers, sources=sources,
-        sql={"call_latency": latency_sql.strip(), "runq_share": runq_sql.strip(), "runq_threads": threads_sql.strip()},
+        sql={"call_latency": latency_sql.strip(), "runq_threads": threads_sql.strip()},
         recommendation="see the cause findings below", share=1.0))
 
     # ---- the waiters
@@ -946,7 +934,7 @@ def _no_straggler_findings(report, opts, nodes, runq, runq_sql, wait_outliers, s
                                latency_sql):
     findings = report.findings
     numbers = {f"{n}.runq_recent_pct": runq[n]["runq_recent_pct"] for n in nodes if n in runq}
-    sources = {f"{n}.runq_recent_pct": dict(sql="runq_share", match={"node": n}, column="runq_recent_pct")
+    sources = {f"{n}.runq_recent_pct": dict(sql="runq_threads", match={"node": n}, column="runq_recent_pct", sum=True)
                for n in nodes if n in runq}
     waiting = [n for n in nodes if (split.get(n) or {}).get("wait_calls_pct") is not None
                and split[n]["wait_calls_pct"] >= WAITER_RISE * (split[n]["wait_calls_baseline_pct"] or 0)
@@ -970,7 +958,7 @@ def _no_straggler_findings(report, opts, nodes, runq, runq_sql, wait_outliers, s
         summary=(f"no straggler: on {len(nodes)} node(s) no work call is more than k={opts.k:g} robust deviations and "
                  f"{opts.min_ratio:g}× above the other nodes' median, and no trainer's run-queue share stands out and "
                  f"rose against its own baseline"),
-        numbers=numbers, sources=sources, sql={"call_latency": latency_sql.strip(), "runq_share": runq_sql.strip()},
+        numbers=numbers, sources=sources, sql={"call_latency": latency_sql.strip(), "runq_threads": runq_sql.strip()},
         recommendation=""))
 
 
