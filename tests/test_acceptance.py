@@ -57,12 +57,12 @@ def field_case(testbed, tmp_path_factory):
         seen["ranks_query"] = demo.fleet_query(RANKS_SQL, name="fleet-ranks")
         progress.step("explain with the writer")
         seen["straggler_text"], seen["straggler"] = demo.explain()
-        progress.step("collect.yml")
-        seen["collect"] = demo.collect()
-        progress.step("one host dead")
+        progress.step("one host dead")  # right after: the same trace, three live hosts and the dead one
         partial = live[:3] + [dead]
         seen["dead_query"] = demo.fleet_query(FIELD_SQL, limit=partial, name="fleet-dead", ok_codes=(0, 2, 4))
         seen["dead_text"], seen["dead_explain"] = demo.explain(nodes=partial, name="explain-dead")
+        progress.step("collect.yml")
+        seen["collect"] = demo.collect()
         yield seen
     finally:
         demo.stop_job()

@@ -123,8 +123,9 @@ def load_testbed_module():
 class Demo:
     """The field case on a running test bed `bed`, writing into `out_dir`.
 
-    hosts: the live hosts that run the job (rank i on hosts[i]); query_hosts: the inventory
-    hosts the playbooks and explain address (may include a dead one)."""
+    hosts: the live hosts that run the job (rank i on hosts[i]) and that the playbooks and
+    explain address unless a phase is given other hosts (`limit`, `nodes`: e.g. with a dead one).
+    Each phase raises DemoError with one line (and the command's log) when it fails."""
 
     def __init__(self, bed, out_dir, progress=None, hosts=None):
         self.bed = bed
