@@ -520,7 +520,7 @@ def run_story(demo, args):
     p.info(_recap(result.output))
     for name in ("cluster.db", "trace.json", "explain.md"):
         path = demo.out / name
-        p.info(f"{path}  ({path.stat().st_size / 1e6:.1f} MB)" if path.exists() else f"{path}: MISSING")
+        p.info(f"{path}  ({_size(path.stat().st_size)})" if path.exists() else f"{path}: MISSING")
     p.info("open the timeline: https://ui.perfetto.dev → 'Open trace file' → demo-output/trace.json")
     p.info("ask your own questions: sqlite3 demo-output/cluster.db \"" + FIELD_SQL + "\"")
     if not args.no_writer and report.get("straggler") != STRAGGLER_NODE:
@@ -528,6 +528,10 @@ def run_story(demo, args):
               f"the machine may be too busy for the scenario (see the step times above)")
         return 3
     return 0
+
+
+def _size(n_bytes):
+    return f"{n_bytes / 1e6:.1f} MB" if n_bytes >= 1e6 else f"{n_bytes / 1e3:.1f} kB"
 
 
 def _strip_command_line(output):
