@@ -61,6 +61,11 @@ def test_io_cpu_case_names_the_node_and_cpu_preemption_by_the_writer_with_block_
     assert "ckpt-writer" in main_cause.summary and "pid 5151" in main_cause.summary
     assert main_cause.share > 0.5
     assert main_cause.numbers["io_bytes"] > 0 and "block I/O" in main_cause.summary
+    # sched_switch names the writer's threads one by one: one finding for the process, its threads listed
+    assert len([f for f in cpu if "ckpt-writer" in f.summary]) == 1
+    assert "threads 5152, 5153, 5154" in main_cause.summary
+    assert main_cause.numbers["io_bytes_trace"] >= main_cause.numbers["io_bytes"]
+    assert "no such I/O on the other nodes" in main_cause.summary
     assert "ionice" in main_cause.recommendation or "taskset" in main_cause.recommendation
     # the other ranks are told apart as waiters, not causes
     waiters = _by_cause(report, "waiters")

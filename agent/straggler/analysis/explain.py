@@ -806,6 +806,7 @@ def _straggler_findings(runner, report, opts, s, candidate, op_stats, by_op, run
             continue
         thr = max(st["others_p99_median_ns"], opts.min_ratio * st["others_p50_median_ns"])
         thresholds[(src, op)] = (thr, st["others_p50_median_ns"])
+    node_io = runner.rows(SQL_BLOCK_IO)
     mx = (runner.rows(sql_max_interval(s)) or [{}])[0]
     max_sched = int(mx.get("max_sched_ns") or 0)
     max_block = int(mx.get("max_block_ns") or 0)
@@ -826,13 +827,14 @@ def _straggler_findings(runner, report, opts, s, candidate, op_stats, by_op, run
                        f"({', '.join(r['op'] for r in slow_rows)}; slower than the other nodes' p99), "
                        f"{_fmt_ns(slowdown)} above the others' typical time")
         _cause_findings(report, s, offcpu, runq_in, io, slowdown, window_desc,
-                        dict(base_sql, offcpu_in_slow_calls=offcpu_sql.strip()), runq_in_sql, io_sql, slow_sql)
+                        dict(base_sql, offcpu_in_slow_calls=offcpu_sql.strip()), runq_in_sql, io_sql, slow_sql,
+                        node_io, SQL_BLOCK_IO)
     else:
         win_sql = sql_offcpu_window(s, ctes)
         offcpu = runner.rows(win_sql)
         total = sum(r["overlap_ns"] or 0 for r in offcpu)
         _cause_findings(report, s, offcpu, [], [], total, f"the recent window of {s}'s trainer (no slow calls to "
-                        f"look at)", {"offcpu_recent": win_sql.strip()}, None, None, None)
+                        f"look at)", {"offcpu_recent": win_sql.strip()}, None, None, None, node_io, SQL_BLOCK_IO)
 
 
 def _recommend_cpu(comm, pid, does_io):
@@ -845,58 +847,97 @@ def _recommend_cpu(comm, pid, does_io):
     return base + "; or stop it while training"
 
 
-def _cause_findings(report, s, offcpu, runq_in, io, slowdown, window_desc, sql, runq_in_sql, io_sql, slow_sql):
+def _cause_findings(report, s, offcpu, runq_in, io, slowdown, window_desc, sql, runq_in_sql, io_sql, slow_sql,
+                    node_io=(), node_io_sql=None):
+    """Rank the causes inside the slow calls' windows by their share of the slowdown.
+
+    Who ran instead is grouped by command name: sched_switch reports the thread switched in, so a
+    writer with three threads shows three other_pids; block I/O reports the submitting process.
+    """
     findings = report.findings
-    io_by_proc = {}
+    offcpu_key = "offcpu_in_slow_calls" if "offcpu_in_slow_calls" in sql else "offcpu_recent"
+    io_by_comm, io_by_proc = {}, {}
     for r in io:
         io_by_proc[(r["comm"], r["pid"])] = r
+        acc = io_by_comm.setdefault(r["comm"], dict(requests=0, bytes=0, latency_sum=0.0, pids=[]))
+        acc["requests"] += r["requests"] or 0
+        acc["bytes"] += r["bytes"] or 0
+        acc["latency_sum"] += (r["mean_latency_ns"] or 0) * (r["requests"] or 0)
+        acc["pids"].append(r["pid"])
+    node_io_by_comm = {}
+    for r in node_io:
+        if r["node"] == s:
+            acc = node_io_by_comm.setdefault(r["comm"], dict(requests=0, bytes=0, pids=[]))
+            acc["requests"] += r["requests"] or 0
+            acc["bytes"] += r["bytes"] or 0
+            acc["pids"].append(r["pid"])
+    others_io = {}
+    for r in node_io:
+        if r["node"] != s:
+            others_io.setdefault(r["comm"], {}).setdefault(r["node"], 0)
+            others_io[r["comm"]][r["node"]] += r["bytes"] or 0
     io_bytes_total = sum(r["bytes"] or 0 for r in io)
-    causes = []
-    trainer_pids = set()
-    for r in offcpu:
-        if r["state"] == "preempted":
-            causes.append(("cpu", r))
     blocked = sum(r["overlap_ns"] or 0 for r in offcpu if r["state"] != "preempted")
     preempted = sum(r["overlap_ns"] or 0 for r in offcpu if r["state"] == "preempted")
     runq_total = sum(r["overlap_ns"] or 0 for r in runq_in)
-    # who ran instead, grouped by process (comm, pid)
+    # who ran instead, grouped by command (its threads' other_pids listed)
     thieves = {}
-    for _, r in causes:
-        key = (r["other_comm"], r["other_pid"])
-        t = thieves.setdefault(key, dict(overlap_ns=0, intervals=0))
+    for r in offcpu:
+        if r["state"] != "preempted":
+            continue
+        t = thieves.setdefault(r["other_comm"], dict(overlap_ns=0, intervals=0, tids=[]))
         t["overlap_ns"] += r["overlap_ns"] or 0
         t["intervals"] += r["intervals"] or 0
-    for (comm, pid), t in sorted(thieves.items(), key=lambda kv: -kv[1]["overlap_ns"]):
+        t["tids"].append(r["other_pid"])
+    for comm, t in sorted(thieves.items(), key=lambda kv: -kv[1]["overlap_ns"]):
         share = t["overlap_ns"] / slowdown if slowdown else 0.0
         if share < 0.05:
             continue
-        proc_io = io_by_proc.get((comm, pid))
+        win_io = io_by_comm.get(comm)
+        all_io = node_io_by_comm.get(comm)
+        pids = (win_io or all_io or {}).get("pids") or []
+        pid = pids[0] if pids else t["tids"][0]
+        threads = sorted({x for x in t["tids"] if x is not None})
+        who = (f"{comm} (pid {pid}" + (f", threads {', '.join(map(str, threads))})" if threads and threads != [pid]
+                                       else ")"))
         numbers = {"slowdown_ns": slowdown, "preempted_by_process_ns": t["overlap_ns"], "share_of_slowdown": round(share, 3),
                    "share_of_stolen_time": round(t["overlap_ns"] / preempted, 3) if preempted else None,
-                   "preempted_total_ns": preempted, "blocked_total_ns": blocked, "runq_in_slow_calls_ns": runq_total}
-        sources = {"preempted_by_process_ns": dict(sql="offcpu_in_slow_calls",
-                                                   match={"node": s, "state": "preempted", "other_comm": comm,
-                                                          "other_pid": pid}, column="overlap_ns"),
-                   "slowdown_ns": dict(sql="slow_calls", match={"node": s}, column="slowdown_ns", sum=True)}
+                   "preempted_total_ns": preempted, "blocked_total_ns": blocked, "runq_in_slow_calls_ns": runq_total,
+                   "other_pids": ",".join(map(str, threads))}
+        sources = {"preempted_by_process_ns": dict(sql=offcpu_key,
+                                                   match={"node": s, "state": "preempted", "other_comm": comm},
+                                                   column="overlap_ns", sum=True)}
+        if "slow_calls" in sql:
+            sources["slowdown_ns"] = dict(sql="slow_calls", match={"node": s}, column="slowdown_ns", sum=True)
         stolen_text = f", {t['overlap_ns'] / preempted:.0%} of the CPU time taken from it" if preempted else ""
-        text = (f"CPU contention on {s}: its trainer was preempted by {comm} (pid {pid}) for {_fmt_ns(t['overlap_ns'])} "
+        text = (f"CPU contention on {s}: its trainer was preempted by {who} for {_fmt_ns(t['overlap_ns'])} "
                 f"in {t['intervals']} intervals during {window_desc}: {_fmt_share(share)} of the slowdown"
-                f"{stolen_text}; "
-                f"run-queue wait in those calls {_fmt_ns(runq_total)}")
+                f"{stolen_text}; run-queue wait in those calls {_fmt_ns(runq_total)}")
         f_sql = dict(sql)
         if runq_in_sql:
             f_sql["runq_in_slow_calls"] = runq_in_sql.strip()
-        if proc_io:
-            numbers.update(io_bytes=proc_io["bytes"], io_requests=proc_io["requests"],
-                           io_mean_latency_ns=proc_io["mean_latency_ns"])
-            sources["io_bytes"] = dict(sql="io_in_slow_calls", match={"node": s, "comm": comm, "pid": pid}, column="bytes")
-            text += (f"; the same process issued {proc_io['requests']} block I/O requests "
-                     f"({_fmt_bytes(proc_io['bytes'])}, mean latency {_fmt_ns(proc_io['mean_latency_ns'])}) in those windows")
+        if win_io:
+            numbers.update(io_bytes=win_io["bytes"], io_requests=win_io["requests"],
+                           io_mean_latency_ns=round(win_io["latency_sum"] / max(1, win_io["requests"]), 1))
+            sources["io_bytes"] = dict(sql="io_in_slow_calls", match={"node": s, "comm": comm}, column="bytes", sum=True)
+            text += (f"; the same process issued {win_io['requests']} block I/O requests "
+                     f"({_fmt_bytes(win_io['bytes'])}, mean latency {_fmt_ns(numbers['io_mean_latency_ns'])}) "
+                     f"in those windows")
             f_sql["io_in_slow_calls"] = io_sql.strip()
+        if all_io and all_io["bytes"]:
+            others = others_io.get(comm, {})
+            numbers.update(io_bytes_trace=all_io["bytes"], io_requests_trace=all_io["requests"])
+            sources["io_bytes_trace"] = dict(sql="block_io", match={"node": s, "comm": comm}, column="bytes", sum=True)
+            text += (f"; over the whole trace it wrote/read {_fmt_bytes(all_io['bytes'])} in {all_io['requests']} "
+                     f"block I/O requests on {s}"
+                     + (f" (on the other nodes: {', '.join(f'{n} {_fmt_bytes(b)}' for n, b in sorted(others.items()))})"
+                        if others else " (no such I/O on the other nodes)"))
+            f_sql["block_io"] = node_io_sql.strip()
         findings.append(Finding(
             severity="critical" if share >= 0.5 else "warning" if share >= 0.2 else "info", node=s,
             cause="cpu-contention", summary=text, numbers=numbers, sources=sources, sql=f_sql,
-            recommendation=_recommend_cpu(comm, pid, bool(proc_io)), share=round(share, 3)))
+            recommendation=_recommend_cpu(comm, pid, bool(win_io or (all_io and all_io["bytes"]))),
+            share=round(share, 3)))
     if slowdown and blocked / slowdown >= 0.05:
         share = blocked / slowdown
         own_io = io_bytes_total > 0
@@ -907,15 +948,14 @@ def _cause_findings(report, s, offcpu, runq_in, io, slowdown, window_desc, sql, 
                      f"the slowdown" + (f", with {_fmt_bytes(io_bytes_total)} of block I/O in flight" if own_io else
                                         " with no block I/O in flight (a lock, a sleep, or a page fault)")),
             numbers={"blocked_ns": blocked, "share_of_slowdown": round(share, 3), "slowdown_ns": slowdown},
-            sources={"blocked_ns": dict(sql="offcpu_in_slow_calls", match={"node": s, "state": "blocked"},
+            sources={"blocked_ns": dict(sql=offcpu_key, match={"node": s, "state": "blocked"},
                                         column="overlap_ns", sum=True)},
             sql=dict(sql), share=round(share, 3),
             recommendation=("move checkpoint/data I/O out of the training thread (async writer), `ionice -c3` "
                             "the writers" if own_io else "profile the trainer's blocking (py-spy dump, offcputime)")))
     # block I/O in the windows by processes that did not also take the CPU: contention on the device
-    thief_keys = set(thieves)
     for (comm, pid), r in sorted(io_by_proc.items(), key=lambda kv: -(kv[1]["bytes"] or 0)):
-        if (comm, pid) in thief_keys or not io_bytes_total or (r["bytes"] or 0) < 0.2 * io_bytes_total:
+        if comm in thieves or not io_bytes_total or (r["bytes"] or 0) < 0.2 * io_bytes_total:
             continue
         if (r["bytes"] or 0) < (1 << 20):
             continue

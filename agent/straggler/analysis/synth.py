@@ -135,18 +135,20 @@ def _healthy_step(t, period_us):
     t.runq(HELPER, 8000, 500, 300)
 
 
-def _straggler_step(t, thief):
-    """36 ms step of the rank whose core is shared with `thief`: preempted while launching."""
-    t.slowable_call(MAIN, "driver", "cuMemAlloc", 0, 150, 100, 600, 3000, 5000, thief)
+def _straggler_step(t, thieves):
+    """36 ms step of the rank whose core is shared with `thieves` (the threads of one process, as
+    sched_switch names them: each its own tid): preempted while launching."""
+    t.slowable_call(MAIN, "driver", "cuMemAlloc", 0, 150, 100, 600, 3000, 5000, thieves[0])
     for k in range(6):
-        t.slowable_call(MAIN, "driver", "cuLaunchKernel", 8500 + k * 3500, 40, 30, 400, 1000, 2400, thief)
+        t.slowable_call(MAIN, "driver", "cuLaunchKernel", 8500 + k * 3500, 40, 30, 400, 1000, 2400,
+                        thieves[(k + 1) % len(thieves)])
     t.call(MAIN, "cuda", "cudaMemcpyAsync", 29600, 30, 20)
     t.call(MAIN, "cuda", "cudaStreamSynchronize", 29700, 3000, 500)
     t.blocked(MAIN, 29720, 2500)
     t.runq(MAIN, 32230, 200, 200)
     t.call(MAIN, "nccl", "ncclAllReduce", 33300, 400, 300)     # it arrives last: no wait
-    t.runq(COMM_THREAD, 0, 6000, 4000, preempted_by=thief)      # its gloo thread is hit hardest
-    t.runq(COMM_THREAD, 20000, 5000, 2000, preempted_by=thief)
+    t.runq(COMM_THREAD, 0, 6000, 4000, preempted_by=thieves[0])      # its gloo thread is hit hardest
+    t.runq(COMM_THREAD, 20000, 5000, 2000, preempted_by=thieves[-1])
     t.runq(AUTOGRAD, 3000, 900, 600)
     t.runq(AUTOGRAD, 9000, 600, 400)
     t.runq(HELPER, 8000, 500, 300)
@@ -171,8 +173,9 @@ def templates(spec, index):
         interfering = phase == 1 and spec.scenario != "clean"
         period_us = 36000 if interfering else 20000
         if interfering and index == spec.straggler:
-            thief = (WRITER_PID, "ckpt-writer") if spec.scenario == "io_cpu" else (HOG_PID, "cpu-hog")
-            _straggler_step(t, thief)
+            thieves = ([(WRITER_PID + 1 + i, "ckpt-writer") for i in range(3)] if spec.scenario == "io_cpu"
+                       else [(HOG_PID, "cpu-hog")])       # the writer compresses in 3 threads; the hog has one
+            _straggler_step(t, thieves)
             if spec.scenario == "io_cpu":
                 _writer_io(t)
         else:
