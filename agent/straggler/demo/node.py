@@ -38,8 +38,24 @@ def build_arg_parser():
     p.add_argument("--autogroup-nice", type=int, default=None,
                    help="nice value of this job's scheduling autogroup (/proc/self/autogroup; the session's share "
                         "of the CPU against other sessions)")
+    p.add_argument("--writer-session", choices=["own", "job"], default="own",
+                   help="own: the writer in a session (scheduling autogroup) of its own, like a separate service "
+                        "(default); job: in the job's session, competing thread by thread with the trainer")
     p.add_argument("--max-seconds", type=float, default=600.0, help="hard limit on this launcher's life")
     return p
+
+
+def _own_session(autogroup_nice):
+    """preexec_fn: a new session (so a new scheduling autogroup), at the job's autogroup nice."""
+    def setup():
+        os.setsid()
+        if autogroup_nice is not None:
+            try:
+                with open("/proc/self/autogroup", "w") as f:
+                    f.write(str(autogroup_nice))
+            except OSError:
+                pass
+    return setup
 
 
 def main(argv=None):
@@ -79,7 +95,8 @@ def main(argv=None):
                               "--dir", args.writer_dir, "--log", os.path.join(args.job_dir, f"ckpt-writer-rank{args.rank}.log")]
                 if args.writer_cpu is not None:
                     writer_cmd += ["--cpu", str(args.writer_cpu)]
-                writer = subprocess.Popen(writer_cmd, env=env, stdin=subprocess.DEVNULL)
+                writer = subprocess.Popen(writer_cmd, env=env, stdin=subprocess.DEVNULL,
+                                          preexec_fn=_own_session(args.autogroup_nice) if args.writer_session == "own" else None)
                 children.append(writer)
                 print(f"[node rank {args.rank}] checkpoint writer started: pid {writer.pid}", flush=True)
             if writer is not None and writer.poll() is None and args.stop_file and os.path.exists(args.stop_file):
