@@ -6,8 +6,9 @@ its own), and starts, as its children:
   GLOO_SOCKET_IFNAME set to the host's interface (without it gloo binds to loopback inside
   the namespace and the ranks cannot connect: ../shared/notes/demo.md);
 - when --writer-trigger is given: the checkpoint writer, once that file appears (the job's
-  checkpoint hook kicking in), pinned with --writer-cpu. It runs in the same session as the
-  trainer, as a checkpoint writer started by the job would.
+  checkpoint hook kicking in), pinned with --writer-cpu. By default it gets a session (a
+  scheduling autogroup) of its own, like a separate service; --writer-session job keeps it in
+  the job's session, where it competes with the trainer thread by thread (a much larger hit).
 
 It exits when torchrun exits (stopping the writer first), and on SIGTERM/SIGINT stops its
 children (TERM, then KILL after a bounded wait). It kills nothing it did not start.

@@ -69,10 +69,9 @@ class GpuWork:
             # the stand-in reads its call durations from the environment when it is loaded:
             # synchronisations sleep (the wait for the GPU), launches/allocs busy-wait briefly
             os.environ.setdefault("STRAGGLER_STANDIN_SYNC_US", str(int(gpu_wait_ms * 1000)))
-            # host-side cost of a launch as a framework sees it (dispatch + cuLaunchKernel: ~20 µs)
-            # and of an allocation (cuMemAlloc is slow: ~100 µs)
+            # host-side cost of a launch as a framework sees it (dispatch + cuLaunchKernel: ~20 µs);
+            # allocations keep the stand-in's default (20 µs)
             os.environ.setdefault("STRAGGLER_STANDIN_LAUNCH_US", "20")
-            os.environ.setdefault("STRAGGLER_STANDIN_ALLOC_US", "100")
         self.lib = ctypes.CDLL(lib_path)
         self.lib_path = lib_path
         self.real = real
