@@ -104,7 +104,8 @@ def test_the_top_cause_is_cpu_preemption_by_the_checkpoint_writer_with_block_io(
 
 def test_healthy_nodes_are_not_named(field_case):
     report = field_case["straggler"]
-    named = {f["node"] for f in report["findings"] if f["cause"] in ("straggler", "cpu-contention", "io-wait", "block-io")}
+    named = {f["node"] for f in report["findings"]
+             if f["cause"] in ("straggler", "outlier", "cpu-contention", "io-wait", "blocked", "block-io")}
     assert named == {STRAGGLER_NODE}, field_case["straggler_text"].output
 
 
