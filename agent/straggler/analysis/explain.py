@@ -9,7 +9,9 @@ later SQL as literals.
 1. Which node. Per node and op (cuda/driver/nccl): count, p50, p99, mean. A node is an outlier
    for an op when its mean is more than `k` robust deviations (MAD × 1.4826) above the median of
    the OTHER nodes and at least `min_ratio` times that median (MAD floored at `mad_floor` × the
-   median, so identical healthy nodes don't make noise an outlier). Only "work" ops count as
+   median, so identical healthy nodes don't make noise an outlier), and the time it lost over all its
+   calls is at least `min_excess_share` of the node's traced span (a handful of slow calls on a busy
+   machine is noise: the job loses only what the straggler loses). Only "work" ops count as
    evidence (launches, allocations, copies); slow sync/collective ops (ncclAllReduce,
    cu*Synchronize, *WaitEvent) mark a waiter: in a synchronous job the healthy ranks wait there,
    blocked, for the straggler. The decisive scheduler signal (measured on this machine, see
@@ -56,6 +58,7 @@ class ExplainOptions:
     baseline_fraction: float = 0.25  # the first part of each node's trace is its own baseline
     min_rise: float = 1.3            # run-queue share must rise this much vs the node's baseline
     min_calls: int = 20              # ops with fewer calls on a node are not compared
+    min_excess_share: float = 0.01   # a slow work op must cost at least this share of the node's traced time
     timeout_s: float = 300.0         # per query
 
     @classmethod
@@ -245,7 +248,9 @@ SELECT node, MIN(rank) AS rank, COUNT(*) AS events,
        SUM(source = 'sched') AS sched_events,
        SUM(source = 'block') AS block_events,
        MIN(CASE WHEN source = 'sched' THEN ts END) AS sched_first_ts,
-       MAX(CASE WHEN source = 'sched' THEN ts + duration END) AS sched_last_ts
+       MAX(CASE WHEN source = 'sched' THEN ts + duration END) AS sched_last_ts,
+       MIN(CASE WHEN source IN {CALL_SOURCES} THEN ts END) AS calls_first_ts,
+       MAX(CASE WHEN source IN {CALL_SOURCES} THEN ts + duration END) AS calls_last_ts
 FROM events
 GROUP BY node
 ORDER BY node"""
@@ -343,7 +348,7 @@ def _values_cte(name, columns, rows):
 
 def context_ctes(trainer_pids, windows):
     """trainer(node, pid): the processes that make CUDA/NCCL calls or carry a torchrun rank;
-    win(node, t0, tb, t1): each node's traced span (its sched events), split at tb into its own
+    win(node, t0, tb, t1): each node's job span (its first to last call; else its sched events), split at tb into its own
     baseline [t0, tb) and the recent part [tb, t1]."""
     return (_values_cte("trainer", ("node", "pid"), sorted(trainer_pids)) + ",\n"
             + _values_cte("win", ("node", "t0", "tb", "t1"), sorted(windows)))
@@ -575,8 +580,15 @@ def _explain(runner, opts, source):
         trainer_pids.update((r["node"], int(p)) for p in str(r["pids"] or "").split(",") if p)
     for r in inventory:
         if r["sched_first_ts"] is not None:
+            # The job's span on that node: from its first to its last CUDA/NCCL call when it made any
+            # (scheduler events of its threads before the job computes, or after it stopped, would
+            # dilute the shares), else the traced scheduler span.
             t0, t1 = int(r["sched_first_ts"]), int(r["sched_last_ts"])
+            if r.get("calls_first_ts") is not None and r.get("calls_last_ts") is not None \
+                    and int(r["calls_last_ts"]) > int(r["calls_first_ts"]):
+                t0, t1 = int(r["calls_first_ts"]), int(r["calls_last_ts"])
             windows.append((r["node"], t0, t0 + int((t1 - t0) * opts.baseline_fraction), t1))
+    spans = {w[0]: max(w[3] - w[1], 1) for w in windows}
     ctes = context_ctes(trainer_pids, windows)
     threads_sql = runq_sql = sql_runq_threads(ctes)
     runq_threads = runner.rows(threads_sql)
@@ -633,6 +645,15 @@ def _explain(runner, opts, source):
             st.update(node_mean_ns=r["mean_ns"], node_p50_ns=r["p50_ns"], node_p99_ns=r["p99_ns"], count=r["count"],
                       others_p50_median_ns=statistics.median([o["p50_ns"] for m, o in eligible.items() if m != n]),
                       others_p99_median_ns=statistics.median([o["p99_ns"] for m, o in eligible.items() if m != n]))
+            # Material? The time this op lost against the others' median, over all its calls, as a
+            # share of the node's traced span: a few slow calls on a busy machine are noise, not a
+            # straggler (the job loses what the straggler loses, so it has to be a visible share).
+            excess_ns = max(r["mean_ns"] - st["median"], 0) * (r["count"] or 0)
+            st["excess_ns"] = int(excess_ns)
+            if n in spans:
+                st["excess_share"] = round(excess_ns / spans[n], 4)
+                if st["outlier"] and st["excess_share"] < opts.min_excess_share:
+                    st["outlier"], st["immaterial"] = False, True
             op_stats[(n, src, op)] = st
             if st["outlier"]:
                 (wait_outliers if is_wait_op(src, op) else op_outliers).setdefault(n, []).append((st["ratio"], src, op, st))
@@ -1016,6 +1037,9 @@ def add_arguments(parser):
                              f"(default {ExplainOptions.k:g})")
     parser.add_argument("--min-ratio", type=float, default=ExplainOptions.min_ratio,
                         help=f"... and at least this many times that median (default {ExplainOptions.min_ratio:g})")
+    parser.add_argument("--min-excess-share", type=float, default=ExplainOptions.min_excess_share,
+                        help="... and its slow calls together cost at least this share of the node's traced time "
+                             f"(default {ExplainOptions.min_excess_share:g})")
     parser.add_argument("--baseline-fraction", type=float, default=ExplainOptions.baseline_fraction,
                         help="the first part of each node's trace that is its own baseline "
                              f"(default {ExplainOptions.baseline_fraction:g})")
@@ -1027,7 +1051,8 @@ def add_arguments(parser):
 
 
 def run(args):
-    opts = dict(k=args.k, min_ratio=args.min_ratio, baseline_fraction=args.baseline_fraction)
+    opts = dict(k=args.k, min_ratio=args.min_ratio, baseline_fraction=args.baseline_fraction,
+                min_excess_share=args.min_excess_share)
     if args.timeout:
         opts["timeout_s"] = args.timeout
     if args.db:
