@@ -413,6 +413,7 @@ def main(argv=None):
     def on_term(signum, _frame):
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C cleans up, even if started with SIGINT ignored
     bed = demo = None
     rc = 1
     try:
