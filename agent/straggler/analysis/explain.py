@@ -56,7 +56,7 @@ class ExplainOptions:
     min_ratio: float = 1.5           # ... and at least this many times the others' median
     mad_floor: float = 0.05          # the MAD is taken as at least this fraction of the median
     baseline_fraction: float = 0.25  # the first part of each node's trace is its own baseline
-    min_rise: float = 1.3            # run-queue share must rise this much vs the node's baseline
+    min_rise: float = 1.2            # run-queue share must rise this much vs the node's baseline, relative to the others' rise
     min_calls: int = 20              # ops with fewer calls on a node are not compared
     min_excess_share: float = 0.01   # a slow work op must cost at least this share of the node's traced time
     timeout_s: float = 300.0         # per query
@@ -669,8 +669,16 @@ def _explain(runner, opts, source):
         st = robust_outlier(r["runq_recent_pct"], others, opts)
         base = r["runq_baseline_pct"] or 0.0
         st["rise"] = round(r["runq_recent_pct"] / base, 2) if base > 0 else float("inf")
-        st["rose"] = st["rise"] >= opts.min_rise
         runq_signal[n] = st
+    # Rose against its own baseline, beyond what the other nodes' shares did over the same time: a
+    # change of load on the whole machine (or fleet) moves every node's share; the straggler's
+    # rises against theirs. (On one node alone, its own rise is all there is.)
+    for n, st in runq_signal.items():
+        other_rises = [runq_signal[m]["rise"] for m in runq_signal if m != n
+                       and runq_signal[m]["rise"] not in (None, float("inf"))]
+        fleet_rise = statistics.median(other_rises) if other_rises else 1.0
+        st["rise_vs_others"] = round(st["rise"] / fleet_rise, 2) if fleet_rise > 0 else st["rise"]
+        st["rose"] = st["rise_vs_others"] >= opts.min_rise
 
     # ---- pick the straggler: work-call outlier and/or run-queue outlier that rose vs its own baseline
     candidates = []
