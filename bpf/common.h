@@ -25,6 +25,9 @@
 #define PROC_EXIT 4   /* the last thread of a target exited */
 #define PROC_SETNS 5  /* a process joined a namespace (setns): user space re-checks its scope */
 
+/* call classes (probes/symbols.py CALL_CLASSES): 0 = not in a traced call */
+#define NCLASSES 4
+
 /* indexes into hits[] (probe hits, for agent_cost) */
 #define HIT_UPROBE 0
 #define HIT_URETPROBE 1
@@ -44,7 +47,7 @@
  * Field meaning per kind:
  *              ts          dur            a0            a1            a2            dims[6]             op        flags        comm           comm2
  *   EV_CALL    call start  call duration  bytes         return value  -             grid xyz, block xyz symbol id why-recorded thread comm    -
- *   EV_SCHED   off-CPU at  off-CPU time   runq wait ns  runq start    -             -                   state     cpu in       thread comm    task that ran instead
+ *   EV_SCHED   off-CPU at  off-CPU time   runq wait ns  runq start    prev tgid|fl  see sched.c         state     cpu in       thread comm    task that ran instead
  *   EV_BLOCK   submitted   until complete bytes         sector        device time   [0] = dev           -         -            submitter comm rwbs
  *   EV_PROC    now         -              parent tgid   -             -             -                   PROC_*    -            comm           -
  */

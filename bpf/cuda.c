@@ -45,6 +45,20 @@ BPF_PERCPU_ARRAY(agg_zero, struct agg_val, 1);          /* never written: a zero
 BPF_PERCPU_ARRAY(callstack_zero, struct callstack, 1);  /* never written: a zero value to insert */
 BPF_ARRAY(slow_ns, u64, NUM_OPS);                       /* per op: a call at least this long is "slow" (0: none) */
 
+/* The step-time model's call part, per thread: time in outermost calls by CALL CLASS (op_class,
+ * written by user space from probes/symbols.py: 1 work, 2 sync, 3 collective). Running totals,
+ * never reset: user space reads them every interval and takes the difference, so nothing is
+ * lost between two reads and no generation flip is needed. sched.c reads op_class too (which
+ * class of call a thread was in when it left the CPU). */
+struct thread_calls {
+    u32 tgid;
+    u32 pad;
+    u64 ns[NCLASSES];
+    u64 count[NCLASSES];
+};
+BPF_ARRAY(op_class, u32, NUM_OPS);
+BPF_HASH(thread_calls, u32, struct thread_calls, 65536);
+
 static __always_inline u32 nccl_type_size(u32 datatype)
 {
     switch (datatype) {
@@ -172,6 +186,27 @@ static __always_inline void aggregate(struct config *c, u32 tgid, u16 op, u64 du
     __sync_fetch_and_add(&a->hist[bucket], 1);
 }
 
+static __always_inline void add_thread_call(u32 tid, u32 tgid, u16 op, u64 dur)
+{
+    u32 op_index = op;
+    u32 *cls = op_class.lookup(&op_index);
+    u32 k = cls ? *cls : 0;
+    if (k >= NCLASSES)
+        k = 0;
+    struct thread_calls *t = thread_calls.lookup(&tid);
+    if (!t) {
+        struct thread_calls init = {};
+        init.tgid = tgid;
+        thread_calls.update(&tid, &init);
+        t = thread_calls.lookup(&tid);
+        if (!t)
+            return;
+    }
+    t->tgid = tgid;
+    __sync_fetch_and_add(&t->ns[k], dur);
+    __sync_fetch_and_add(&t->count[k], 1);
+}
+
 int call_return(struct pt_regs *ctx)
 {
     u64 now = bpf_ktime_get_ns();
@@ -194,6 +229,8 @@ int call_return(struct pt_regs *ctx)
     u64 dur = now - f->ts;
     u16 op = f->op;
     aggregate(c, tgid, op, dur);
+    if (d == 0)
+        add_thread_call(tid, tgid, op, dur);  /* outermost call only: a runtime call's driver call is inside it */
 
     u32 why = 0;
     if (c->record_all)

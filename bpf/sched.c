@@ -7,6 +7,13 @@
  * (other_pid, comm2 -- named whatever it is, in scope or not), and the run-queue wait: from
  * the wakeup (or the preemption) to the switch-in (a0, start in a1).
  *
+ * For the step-time model (explain) the record also says which class of traced call the thread
+ * was in when it left the CPU (dims[4]: 0 none, 1 work, 2 sync, 3 collective; op_class from
+ * cuda.c) and who held the CPU until the thread got it back: the task switched out at the
+ * switch-in (current at that moment, so its process comes from the helper): a2 = its tgid |
+ * PREV_* flags << 32, dims[5] = its tid, dims[0..3] = its comm. That task is the one the
+ * run-queue wait is charged to (a preemption's taker may have left long before).
+ *
  * Also keeps the process bookkeeping the other probes rely on: threads of targets in tid_tgid,
  * forks of targets become targets, forks of in-scope processes are in scope, exits clean up.
  */
@@ -20,12 +27,17 @@
  * preemption reports TASK_REPORT_MAX (0x100 on 6.x, "R+"). So runnable <=> (state & 0xff) == 0. */
 #define STATE_BITS 0xff
 
+/* a2 >> 32 of a switch-in record: what the previous task (the one that held the CPU) was */
+#define PREV_VALID 1     /* a task, not the idle loop */
+#define PREV_IN_SCOPE 2  /* its process is in the agent's scope (always with --scope host) */
+#define PREV_TARGET 4    /* its process is traced (a trainer: itself, or another rank in scope) */
+
 struct offcpu_start {
     u64 ts;
     u32 other_pid;
     u32 cpu;
     u32 state;
-    u32 pad;
+    u32 in_call;  /* call class of the outermost traced call in progress (0: none) */
     char other_comm[COMM_LEN];
 };
 BPF_HASH(offcpu_start, u32, struct offcpu_start, 262144);
@@ -49,14 +61,18 @@ TRACEPOINT_PROBE(sched, sched_switch)
             s.cpu = bpf_get_smp_processor_id();
             s.state = (args->prev_state & STATE_BITS) == 0 ? STATE_PREEMPTED : STATE_BLOCKED;
             bpf_probe_read_kernel(&s.other_comm, sizeof(s.other_comm), args->next_comm);
+            struct callstack *cs = callstacks.lookup(&prev);
+            if (cs && cs->depth) {
+                cs->epoch++;  /* a call in progress overlaps this off-CPU interval */
+                u32 op_index = cs->f[0].op;
+                u32 *cls = op_class.lookup(&op_index);
+                s.in_call = cls ? *cls : 0;
+            }
             offcpu_start.update(&prev, &s);
             if (s.state == STATE_PREEMPTED)
                 runq_start.update(&prev, &now);
             else
                 runq_start.delete(&prev);  /* the wait starts at the wakeup */
-            struct callstack *cs = callstacks.lookup(&prev);
-            if (cs && cs->depth)
-                cs->epoch++;  /* a call in progress overlaps this off-CPU interval */
         }
     }
 
@@ -102,6 +118,21 @@ TRACEPOINT_PROBE(sched, sched_switch)
     if (runq_ts) {
         e->a1 = runq_ts;
         e->a0 = now - runq_ts;
+    }
+    if (s)
+        e->dims[4] = s->in_call;
+    /* who held the CPU until now: the task being switched out, still current here */
+    if (prev != 0) {
+        struct config *c = get_config();
+        u32 prev_tgid = bpf_get_current_pid_tgid() >> 32;
+        u64 flags = PREV_VALID;
+        if (c && tgid_in_scope(c, prev_tgid))
+            flags |= PREV_IN_SCOPE;
+        if (targets.lookup(&prev_tgid))
+            flags |= PREV_TARGET;
+        e->a2 = prev_tgid | (flags << 32);
+        e->dims[5] = prev;
+        bpf_probe_read_kernel(&e->dims[0], COMM_LEN, args->prev_comm);
     }
     bpf_probe_read_kernel(&e->comm, sizeof(e->comm), args->next_comm);
     sys_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from straggler.standin import build_standin, build_workload
+from straggler.store.schema import SCHEMA_VERSION
 
 pytestmark = pytest.mark.bpf
 
@@ -577,5 +578,5 @@ class TestSampledNetns:
         written = scalar(agent_b.db, "SELECT count(*) FROM events")
         assert agent_b.stop(signal.SIGKILL) == -signal.SIGKILL
         assert scalar(agent_b.db, "PRAGMA integrity_check") == "ok"
-        assert scalar(agent_b.db, "SELECT value FROM meta WHERE key = 'schema_version'") == str(1)
+        assert scalar(agent_b.db, "SELECT value FROM meta WHERE key = 'schema_version'") == str(SCHEMA_VERSION)
         assert scalar(agent_b.db, "SELECT count(*) FROM events") >= written > 0

@@ -23,6 +23,7 @@ from straggler.api.server import start_background
 from straggler.errors import StragglerError
 from straggler.fleet.client import fleet_query
 from straggler.status import collect_status
+from straggler.store.schema import SCHEMA_VERSION
 from straggler.tls import TLSError, TLSOptions, client_context, server_context
 
 ADDRESS = "127.0.0.1"
@@ -221,7 +222,7 @@ def test_health_reports_the_agent_from_its_tables(certs, agent):
     conn.close()
     assert code == 200
     assert health["ranks"] == [0]
-    assert health["schema_version"] == 1
+    assert health["schema_version"] == SCHEMA_VERSION
     assert health["agent_version"] == "test"
     assert health["probes_attached"] == 2
     assert health["events_per_s"] == pytest.approx(900.0)

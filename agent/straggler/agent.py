@@ -127,6 +127,7 @@ class Agent:
         self.raw_records = []
         self.scope_known = set()
         self.op_hist = {}          # op_id -> decayed histogram of all calls (for the slow threshold)
+        self.thread_calls_seen = {}  # tid -> the kernel's running call totals at the last interval
         self.api = None
 
     # ---- identity --------------------------------------------------------------------------
@@ -345,6 +346,7 @@ class Agent:
                          json.dumps(trim_hist(hist))))
         self.writer.submit("aggregates", rows)
         self._update_slow_thresholds(harvested)
+        self.writer.submit("thread_time", self._thread_time_rows(interval_start, length))
 
         lost = self.probes.lost_totals()
         lost["writer:queue"] = self.writer.dropped_events
@@ -378,6 +380,41 @@ class Agent:
             info.dirty = False
         self.writer.submit("processes", process_rows)
         self.writer.set_meta("agent_heartbeat_ns", now_ns)
+
+    def _thread_time_rows(self, interval_start, length):
+        """The step-time model's rows for this interval: per traced thread, the call time by class
+        (differences of the kernel's running totals) joined with the sched/block part (decoder)."""
+        totals = self.probes.read_thread_calls()
+        sched = self.decoder.thread_time.take()
+        rows, previous = [], self.thread_calls_seen
+        keys = set(sched)
+        deltas = {}
+        for tid, (tgid, ns, count) in totals.items():
+            before = previous.get(tid)
+            if before is None or before[0] != tgid:
+                before = (tgid, [0] * len(ns), [0] * len(count))
+            d_ns = [a - b for a, b in zip(ns, before[1])]
+            d_count = [a - b for a, b in zip(count, before[2])]
+            if any(d_count):
+                deltas[(tgid, tid)] = (d_ns, sum(d_count))
+                keys.add((tgid, tid))
+        self.thread_calls_seen = totals
+        gone = [tid for tid, (tgid, _ns, _count) in totals.items()
+                if tgid not in self.processes or self.processes[tgid].exited is not None]
+        if gone:
+            self.probes.forget_threads(gone)
+            for tid in gone:
+                self.thread_calls_seen.pop(tid, None)
+        node = self.opts.node
+        for tgid, tid in sorted(keys):
+            d_ns, calls = deltas.get((tgid, tid), ([0, 0, 0, 0], 0))
+            t = sched.get((tgid, tid)) or {}
+            comm = t.get("comm") or _thread_comm(tgid, tid)
+            rows.append((node, interval_start, length, tgid, tid, self.rank_of(tgid)[0], comm, calls,
+                         d_ns[1], d_ns[2], d_ns[3], t.get("runq_ns", 0), t.get("runq_work_ns", 0),
+                         t.get("runq_sync_ns", 0), t.get("runq_coll_ns", 0), t.get("blocked_ns", 0),
+                         t.get("io_ns", 0), json.dumps(t["thieves"]) if t.get("thieves") else None))
+        return rows
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> int:
@@ -436,6 +473,14 @@ def _int(value):
     try:
         return int(value)
     except (TypeError, ValueError):
+        return None
+
+
+def _thread_comm(tgid, tid):
+    try:
+        with open(f"/proc/{tgid}/task/{tid}/comm") as f:
+            return f.read().strip()
+    except OSError:
         return None
 
 

@@ -33,7 +33,7 @@ from ..store import schema
 
 # Tables copied row by row (all carry a node column), in dependency-free order.
 NODE_TABLES = ("clock_pairs", "clock_offsets", "processes", "probes", "lost_events", "agent_cost",
-               "aggregates", "events")
+               "aggregates", "thread_time", "events")
 EVENT_INDEXES = ("events_source_op_ts", "events_pid_ts", "events_ts")
 UNIQUE_EVENT_INDEX = "CREATE UNIQUE INDEX IF NOT EXISTS events_node_seq ON events(node, seq)"
 SQLITE_HEADER = b"SQLite format 3\x00"

@@ -122,6 +122,10 @@ class Probes:
         self.tid_tgid = self.bpf["tid_tgid"]
         self.call_aggs = self.bpf["call_aggs"]
         self.slow_ns = self.bpf["slow_ns"]
+        self.thread_calls = self.bpf["thread_calls"]
+        op_class = self.bpf["op_class"]
+        for op_id, op in enumerate(symbols.OPS):
+            op_class[ctypes.c_int(op_id)] = ctypes.c_uint32(symbols.CLASS_ID[symbols.OP_CLASS[op]])
         self.hits = self.bpf["hits"]
         self.lost = self.bpf["lost"]
         self._one = ctypes.c_uint8(1)
@@ -229,6 +233,20 @@ class Probes:
             except KeyError:
                 pass
         return result
+
+    def read_thread_calls(self):
+        """{tid: (tgid, [ns per class id 0..3], [count per class id])}: running totals since each
+        thread's first traced call (the caller takes differences)."""
+        return {key.value: (value.tgid, list(value.ns), list(value.count))
+                for key, value in self.thread_calls.items()}
+
+    def forget_threads(self, tids):
+        """Drop the running totals of threads that are gone."""
+        for tid in tids:
+            try:
+                del self.thread_calls[ctypes.c_uint32(tid)]
+            except KeyError:
+                pass
 
     def _percpu_totals(self, table, n):
         totals = []

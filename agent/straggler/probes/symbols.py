@@ -2,7 +2,14 @@
 
 The table below is the single source of truth for the traced functions: their base op name
 (what `events.op` holds), source (`cuda` runtime, `driver`, `nccl`), which arguments are kept,
-and the symbol names to look for. Each function lists groups of alternatives: from each group
+the symbol names to look for, and the function's CALL CLASS -- what the time a thread spends in
+it means for a step of a training job:
+  work        the host side of GPU work: launches, allocations, copies (on-CPU, short)
+  sync        waits for the device: *Synchronize (with NCCL on a GPU, also the wait for peers,
+              since collectives only enqueue)
+  collective  NCCL collectives (a blocking collective is where a rank waits for its peers)
+The kernel (bpf/cuda.c, bpf/sched.c) gets the class per op id from here; explain, export and
+synth read OP_CLASS. Nothing else decides what a function is. Each function lists groups of alternatives: from each group
 the FIRST symbol the library exports is attached (`cuMemAlloc_v2` before plain `cuMemAlloc`),
 and every group is tried (so `cuLaunchKernel` and `cuLaunchKernel_ptsz` are both attached).
 Two names at the same address (aliases) are attached once.
@@ -31,7 +38,10 @@ def _v2(name, extra_suffix=None):
     return groups
 
 
-# (op, source, arg kind, symbol groups)
+CALL_CLASSES = ("work", "sync", "collective")          # ids 1, 2, 3 in the kernel; 0 = no call
+CLASS_ID = {name: i + 1 for i, name in enumerate(CALL_CLASSES)}
+
+# (op, source, arg kind, symbol groups); the class: see _class_of below
 FUNCTIONS = [
     # driver API (libcuda)
     ("cuLaunchKernel", "driver", ARG_CU_LAUNCH, [["cuLaunchKernel"], ["cuLaunchKernel_ptsz"]]),
@@ -65,6 +75,14 @@ FUNCTIONS = [
 ]
 
 
+def _class_of(op, source):
+    if source == "nccl":
+        return "collective"
+    if "Synchronize" in op:
+        return "sync"
+    return "work"
+
+
 class Symbol:
     """One symbol name the agent can attach to: its id in the BPF program and its function."""
     __slots__ = ("sym_id", "name", "op_id", "op", "source", "arg_kind", "fn_name")
@@ -77,6 +95,7 @@ class Symbol:
 
 OPS = [op for op, _, _, _ in FUNCTIONS]
 OP_SOURCE = {op: source for op, source, _, _ in FUNCTIONS}
+OP_CLASS = {op: _class_of(op, source) for op, source, _, _ in FUNCTIONS}
 SYMBOLS = []          # by sym_id
 GROUPS = []           # (op_id, [Symbol, ...] alternatives in order)
 for _op_id, (_op, _source, _kind, _groups) in enumerate(FUNCTIONS):

@@ -10,7 +10,7 @@ This module must not import anything else from straggler.
 """
 import sqlite3
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2   # 2: thread_time (the step-time model's per-thread summaries)
 
 DDL = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -65,6 +65,41 @@ CREATE TABLE IF NOT EXISTS aggregates (
     hist        TEXT                       -- JSON list: counts per log2(duration ns) bucket
 );
 CREATE INDEX IF NOT EXISTS aggregates_ts ON aggregates(ts);
+
+-- The step-time model, per interval and traced thread (what explain and a live watch read instead
+-- of raw events). Times are ns within the interval. Call time by class comes from the kernel
+-- (outermost calls, charged to the interval in which the call returned); off-CPU time is charged to
+-- the interval in which the thread got its CPU back.
+--   work_ns / sync_ns / coll_ns   wall time inside work / synchronize / collective calls
+--   runq_ns                       run-queue wait (runnable, its CPU held by another task), anywhere;
+--   runq_work_ns ... runq_coll_ns   the part of it inside work / sync / collective calls
+--   blocked_ns                    asleep outside any traced call, not on its own block I/O
+--                                 (a CPU collective such as gloo, a lock, a sleep, a page fault)
+--   io_ns                         asleep outside calls while its own process had block I/O in flight
+--   thieves                       JSON [[kind, pid, comm, ns], ...]: who held the CPU during its
+--                                 run-queue waits, top ones (kind: process, own, kernel, outside, idle)
+-- On-CPU time outside calls (host compute) is what is left of the thread's wall time.
+CREATE TABLE IF NOT EXISTS thread_time (
+    node         TEXT    NOT NULL,
+    ts           INTEGER NOT NULL,         -- interval start, ns monotonic
+    interval_ns  INTEGER NOT NULL,
+    pid          INTEGER NOT NULL,
+    tid          INTEGER NOT NULL,
+    rank         INTEGER,
+    comm         TEXT,
+    calls        INTEGER NOT NULL DEFAULT 0,
+    work_ns      INTEGER NOT NULL DEFAULT 0,
+    sync_ns      INTEGER NOT NULL DEFAULT 0,
+    coll_ns      INTEGER NOT NULL DEFAULT 0,
+    runq_ns      INTEGER NOT NULL DEFAULT 0,
+    runq_work_ns INTEGER NOT NULL DEFAULT 0,
+    runq_sync_ns INTEGER NOT NULL DEFAULT 0,
+    runq_coll_ns INTEGER NOT NULL DEFAULT 0,
+    blocked_ns   INTEGER NOT NULL DEFAULT 0,
+    io_ns        INTEGER NOT NULL DEFAULT 0,
+    thieves      TEXT
+);
+CREATE INDEX IF NOT EXISTS thread_time_ts ON thread_time(ts);
 
 -- (monotonic, realtime) pairs read back to back, so any ts converts to wall-clock time.
 CREATE TABLE IF NOT EXISTS clock_pairs (
@@ -151,6 +186,9 @@ def create(conn: sqlite3.Connection, node: str = None) -> None:
     row = cur.fetchone()
     if row is None:
         conn.execute("INSERT INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+    elif str(row[0]).isdigit() and int(row[0]) < SCHEMA_VERSION:
+        # every change so far only added tables (created above): the store is now this version
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
     if node is not None:
         conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('node', ?)", (node,))
     conn.commit()

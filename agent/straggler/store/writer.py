@@ -28,6 +28,9 @@ EVENT_INSERT = (
 TABLE_INSERTS = {
     "aggregates": "INSERT INTO aggregates(node, ts, interval_ns, pid, rank, source, op, count, sum_ns, max_ns, hist) "
                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    "thread_time": "INSERT INTO thread_time(node, ts, interval_ns, pid, tid, rank, comm, calls, work_ns, sync_ns, "
+                   "coll_ns, runq_ns, runq_work_ns, runq_sync_ns, runq_coll_ns, blocked_ns, io_ns, thieves) "
+                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     "clock_pairs": "INSERT INTO clock_pairs(node, mono_ns, real_ns) VALUES (?, ?, ?)",
     "lost_events": "INSERT INTO lost_events(node, probe, ts, interval_ns, count) VALUES (?, ?, ?, ?, ?)",
     "agent_cost": "INSERT INTO agent_cost(node, ts, interval_ns, cpu_seconds, probe_hits, events_written, rss_bytes) "
@@ -37,7 +40,7 @@ TABLE_INSERTS = {
     "probes": "INSERT OR REPLACE INTO probes(node, name, library, attached_at) VALUES (?, ?, ?, ?)",
 }
 # tables cut by retention, with their time column
-RETAINED = (("events", "ts"), ("aggregates", "ts"), ("lost_events", "ts"), ("agent_cost", "ts"),
+RETAINED = (("events", "ts"), ("aggregates", "ts"), ("thread_time", "ts"), ("lost_events", "ts"), ("agent_cost", "ts"),
             ("clock_pairs", "mono_ns"))
 MIN_MAX_DB = 1 << 20
 
