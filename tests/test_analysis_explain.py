@@ -1,5 +1,8 @@
-"""explain: names the straggler node and the cause on synthetic four-node databases, with numbers
-that match their own SQL and independent SQL; a clean run has no straggler; missing nodes are said.
+"""explain over synthetic four-node databases (straggler.analysis.synth: per-node stores with the
+agent's thread_time summaries, merged with the real merge): the straggler is named by who waits
+least, its numbers equal their own SQL re-run, a clean run has no straggler, missing nodes are said,
+the renderers and the fleet paths work. The cause classes are tested on real jobs with real faults
+(tests/test_diagnosis.py) and the rules on small tables (tests/test_explain_model.py).
 
 The databases come from straggler.analysis.synth (per-node stores as the agent writes them,
 merged with the real merge). Sizes are small: the whole file runs in a few seconds of CPU.
@@ -46,31 +49,28 @@ def _rows(db, sql):
         conn.close()
 
 
-def test_io_cpu_case_names_the_node_and_cpu_preemption_by_the_writer_with_block_io(cluster):
+def test_the_straggler_is_the_rank_that_waits_least_and_the_writer_is_named(cluster):
     db, truth = cluster["io_cpu"]
     report = explain.explain_db(db)
     assert report.straggler == truth["straggler"] == "gpu-node-03"
     top = report.findings[0]
     assert top.cause == "straggler" and top.node == "gpu-node-03" and top.severity == "critical"
-    assert "cuLaunchKernel mean" in top.summary and "median of the others" in top.summary
-    assert "run queue" in top.summary
+    assert "waits least for its peers" in top.summary
+    assert top.numbers["wait_pct"] < top.numbers["others_median_wait_pct"]
     cpu = _by_cause(report, "cpu-contention")
-    assert cpu, report.to_text()
-    main_cause = max(cpu, key=lambda f: f.share)
-    assert main_cause.node == "gpu-node-03"
-    assert "ckpt-writer" in main_cause.summary and "pid 5151" in main_cause.summary
-    assert main_cause.share > 0.5
-    assert main_cause.numbers["io_bytes"] > 0 and "block I/O" in main_cause.summary
-    # sched_switch names the writer's threads one by one: one finding for the process, its threads listed
-    assert len([f for f in cpu if "ckpt-writer" in f.summary]) == 1
-    assert "threads 5152, 5153, 5154" in main_cause.summary
-    assert main_cause.numbers["io_bytes_trace"] >= main_cause.numbers["io_bytes"]
-    assert "no such I/O on the other nodes" in main_cause.summary
-    assert "ionice" in main_cause.recommendation or "taskset" in main_cause.recommendation
-    # the other ranks are told apart as waiters, not causes
+    assert cpu and cpu[0].node == "gpu-node-03"
+    assert "ckpt-writer (pid 5152" in cpu[0].summary          # named by process, threads grouped
     waiters = _by_cause(report, "waiters")
     assert waiters and "gpu-node-01" in waiters[0].summary
-    assert not any(f.cause in ("straggler", "cpu-contention") and f.node != "gpu-node-03" for f in report.findings)
+    assert not any(f.cause not in ("waiters", "no-straggler") and f.node not in (None, "gpu-node-03")
+                   for f in report.findings)
+
+
+def test_a_cpu_hog_case_names_its_node(cluster):
+    db, truth = cluster["cpu_hog"]
+    report = explain.explain_db(db)
+    assert report.straggler == truth["straggler"] == "gpu-node-02"
+    assert any("cpu-hog" in f.summary for f in _by_cause(report, "cpu-contention"))
 
 
 def test_every_number_with_a_source_equals_its_own_sql_rerun(cluster):
@@ -85,78 +85,40 @@ def test_every_number_with_a_source_equals_its_own_sql_rerun(cluster):
             value = sum(r[src["column"]] for r in hits) if src.get("sum") else hits[0][src["column"]]
             assert value == pytest.approx(finding.numbers[name]), (finding.cause, name)
             checked += 1
-    assert checked >= 10
+    assert checked >= 3
 
 
-def test_straggler_numbers_match_independent_direct_sql(cluster):
+def test_the_wait_share_matches_direct_sql_over_thread_time(cluster):
     db, truth = cluster["io_cpu"]
     report = explain.explain_db(db)
+    row = next(n for n in report.nodes if n["node"] == truth["straggler"])
     top = report.findings[0]
+    # recomputed here from the raw table: the calling thread's collective + blocked + sync time over the recent part
+    wall = top.numbers["wall_ns"]
     node = truth["straggler"]
-    # every call is counted in aggregates (events hold only slow, off-CPU and sampled calls, as the agent's)
-    mean = _rows(db, "SELECT 1.0 * SUM(sum_ns) / SUM(count) AS m FROM aggregates "
-                     f"WHERE node = '{node}' AND op = 'cuLaunchKernel'")[0]["m"]
-    assert top.numbers["cuLaunchKernel_mean_ns"] == pytest.approx(mean, rel=1e-6)
-    others = sorted(r["m"] for r in _rows(db, "SELECT node, 1.0 * SUM(sum_ns) / SUM(count) AS m FROM aggregates "
-                                              f"WHERE op = 'cuLaunchKernel' AND node != '{node}' GROUP BY node"))
-    assert top.numbers["cuLaunchKernel_others_median_mean_ns"] == pytest.approx(others[1], rel=1e-6)
-    # run-queue share: summed over all trainer threads, recent part of the trace, computed here in Python
-    sched = _rows(db, f"SELECT ts, duration, op FROM events WHERE node = '{node}' AND source = 'sched' AND pid = 4242")
-    t0 = min(r["ts"] for r in sched)
-    t1 = max(r["ts"] + r["duration"] for r in sched)
-    tb = t0 + int((t1 - t0) * 0.25)
-    recent = sum(r["duration"] for r in sched if r["op"] == "runq" and r["ts"] >= tb)
-    assert top.numbers["runq_recent_pct"] == pytest.approx(100.0 * recent / (t1 - tb), abs=0.051)
-    # preempted-by-writer time inside the slow calls: interval overlap computed here, from raw rows
-    cause = max(_by_cause(report, "cpu-contention"), key=lambda f: f.share)
-    slow = _rows(db, cause.sql["slow_calls"])
-    assert sum(r["slow_calls"] for r in slow) > 0
-    calls = _rows(db, f"SELECT tid, ts, duration, op FROM events WHERE node = '{node}' AND op IN ('cuLaunchKernel', 'cuMemAlloc')")
-    offs = _rows(db, f"SELECT tid, ts, duration FROM events WHERE node = '{node}' AND op = 'offcpu' "
-                     f"AND state = 'preempted' AND other_comm = 'ckpt-writer'")
-    by_tid = {}
-    for o in offs:
-        by_tid.setdefault(o["tid"], []).append((o["ts"], o["ts"] + o["duration"]))
-    thresholds = {}
-    for op in ("cuLaunchKernel", "cuMemAlloc"):   # the same rule explain states: above the others' p99 (and 1.5× p50)
-        marker = f"op = '{op}' AND duration > "
-        sql = cause.sql["slow_calls"]
-        thresholds[op] = int(sql[sql.index(marker) + len(marker):].split(")")[0])
-    overlap = 0
-    for c in calls:
-        if c["duration"] <= thresholds[c["op"]]:
-            continue
-        a, b = c["ts"], c["ts"] + c["duration"]
-        overlap += sum(max(0, min(b, e) - max(a, s)) for s, e in by_tid.get(c["tid"], ()))
-    assert cause.numbers["preempted_by_process_ns"] == overlap
+    last = _rows(db, f"SELECT MAX(ts) AS t FROM thread_time WHERE node = '{node}'")[0]["t"]   # a partial last second
+    window = f"node = '{node}' AND ts >= {last - wall} AND ts < {last}"
+    raw = _rows(db, f"SELECT SUM(coll_ns - runq_coll_ns) AS coll, SUM(blocked_ns) AS blocked, "
+                    f"SUM(sync_ns - runq_sync_ns) AS sync FROM thread_time WHERE {window} AND tid = 4242")[0]
+    helpers = _rows(db, f"SELECT SUM(runq_ns) AS r FROM thread_time WHERE {window} AND tid != 4242")[0]["r"]
+    waited = raw["coll"] + raw["blocked"]
+    parts = waited - min(helpers, waited) + (raw["sync"] if "synchronize" in top.summary else 0)
+    assert row["wait_pct"] == pytest.approx(100.0 * parts / wall, abs=0.3)
 
 
-def test_cpu_hog_case_is_cpu_contention_by_that_process_not_io(cluster):
-    db, truth = cluster["cpu_hog"]
-    report = explain.explain_db(db)
-    assert report.straggler == truth["straggler"] == "gpu-node-02"
-    cpu = max(_by_cause(report, "cpu-contention"), key=lambda f: f.share)
-    assert "cpu-hog" in cpu.summary and cpu.node == "gpu-node-02"
-    assert "block I/O" not in cpu.summary and "io_bytes" not in cpu.numbers
-    assert "ionice" not in cpu.recommendation
-    assert not [f for f in report.findings if f.cause in ("io-wait", "block-io")]
-
-
-def test_clean_run_yields_no_straggler_finding(cluster):
+def test_a_clean_run_has_no_straggler(cluster):
     db, _ = cluster["clean"]
     report = explain.explain_db(db)
     assert report.straggler is None
-    assert not [f for f in report.findings if f.severity in ("critical", "warning")], report.to_text()
-    assert _by_cause(report, "no-straggler")
-    assert "straggler: none found" in report.to_text()
+    assert [f.cause for f in report.findings] == ["no-straggler"]
 
 
-def test_a_missing_node_is_stated_with_what_it_leaves_uncertain(cluster):
+def test_a_missing_healthy_node_is_stated_and_the_straggler_still_named(cluster):
     db, truth = cluster["missing_other"]
     report = explain.explain_db(db)
     assert report.straggler == "gpu-node-03"
     missing = _by_cause(report, "missing-nodes")
-    assert missing and "rank 3" in missing[0].summary and "could be slower" in missing[0].summary
+    assert missing and "rank 3" in missing[0].summary
     assert report.missing and report.missing[0]["status"] == "no-data"
 
 
@@ -173,8 +135,8 @@ def test_cli_json_markdown_junit_and_fail_on_straggler(cluster, tmp_path, capsys
     md, xml = tmp_path / "r.md", tmp_path / "r.xml"
     code = cli.main(["explain", "-d", db, "--json", "--fail-on-straggler", "--markdown", str(md), "--junit", str(xml)])
     out = json.loads(capsys.readouterr().out)
-    assert code == 1 and out["straggler"] == "gpu-node-03"
-    assert out["findings"][0]["sql"]["call_latency"].lstrip().startswith("WITH")
+    assert code == 1 and out["straggler"] == "gpu-node-03" and out["stragglers"] == ["gpu-node-03"]
+    assert out["findings"][0]["sql"]["threads"].lstrip().startswith("WITH")
     assert "gpu-node-03" in md.read_text() and "```sql" in md.read_text()
     suite = ET.parse(xml).getroot()
     failed = [tc.get("name") for tc in suite.iter("testcase") if tc.find("failure") is not None]
@@ -186,23 +148,22 @@ def test_cli_json_markdown_junit_and_fail_on_straggler(cluster, tmp_path, capsys
     assert "no such database" in capsys.readouterr().err
 
 
-def test_without_aggregates_the_distribution_comes_from_the_events(cluster, tmp_path):
+def test_a_store_without_thread_time_gets_a_one_line_error(cluster, tmp_path, capsys):
     import shutil
-    db = str(tmp_path / "noagg.db")
+    db = str(tmp_path / "old.db")
     shutil.copy(cluster["cpu_hog"][0], db)
     conn = sqlite3.connect(db)
-    conn.execute("DELETE FROM aggregates")
+    conn.execute("DROP TABLE thread_time")
     conn.commit()
     conn.close()
-    report = explain.explain_db(db)
-    assert report.straggler == "gpu-node-02"
-    assert "ROW_NUMBER()" in report.findings[0].sql["call_latency"]
+    assert cli.main(["explain", "-d", db]) == 2
+    err = capsys.readouterr().err
+    assert "no thread_time table" in err and len(err.strip().splitlines()) == 1
 
 
-def test_k_is_tunable_a_huge_k_finds_no_latency_outlier(cluster):
+def test_min_gap_is_tunable_a_huge_gap_names_no_one(cluster):
     db, _ = cluster["io_cpu"]
-    report = explain.explain_db(db, k=1e9, min_ratio=1e9)
-    assert report.straggler is None
+    assert explain.explain_db(db, min_gap=0.99).straggler is None
 
 
 def test_fleet_mode_runs_the_same_sql_on_every_node_and_states_the_unreachable(tmp_path):

@@ -335,6 +335,86 @@ def _fill_side_tables(conn, spec, node, first_mono, last_mono):
 
 
 EVENT_INDEXES = ("events_source_op_ts", "events_pid_ts", "events_ts")
+INTERVAL_NS = 1_000_000_000
+
+
+def _expected(r):
+    """Expected share of steps in which a template row happens, and its mean duration (ns)."""
+    share = min(r["p"], 1000) / 1000.0 if not r["neg"] else (1000 - r["p"]) / 1000.0
+    return share, r["dur_ns"] + r["jit_ns"] / 2.0
+
+
+def thread_time_per_step(rows):
+    """{(kind, tid_off, comm): thread_time columns per step} from a step template, as the agent would
+    sum them: call time by class (outermost calls), run-queue wait (by the class of the call it
+    happened in, and by who held the CPU), blocked time outside calls."""
+    from ..probes.symbols import OP_CLASS
+    out = {}
+    calls_of = {}
+    for r in rows:
+        if r["source"] in ("cuda", "driver", "nccl"):
+            calls_of.setdefault((r["kind"], r["tid_off"]), []).append(r)
+    preemptor = {r["grp"]: (r["other_pid"], r["other_comm"]) for r in rows
+                 if r["op"] == "offcpu" and r["state"] == "preempted" and r["grp"]}
+
+    def in_call(r):
+        for c in calls_of.get((r["kind"], r["tid_off"]), []):
+            if c["neg"]:
+                continue
+            if c["off_ns"] <= r["off_ns"] < c["off_ns"] + c["dur_ns"] + c["jit_ns"]:
+                return OP_CLASS[c["op"]]
+        return None
+
+    for r in rows:
+        key = (r["kind"], r["tid_off"], r["comm"])
+        t = out.setdefault(key, dict(calls=0.0, work_ns=0.0, sync_ns=0.0, coll_ns=0.0, runq_ns=0.0, runq_work_ns=0.0,
+                                     runq_sync_ns=0.0, runq_coll_ns=0.0, blocked_ns=0.0, io_ns=0.0, thieves={}))
+        share, dur = _expected(r)
+        if r["source"] in ("cuda", "driver", "nccl"):
+            cls = {"work": "work_ns", "sync": "sync_ns", "collective": "coll_ns"}[OP_CLASS[r["op"]]]
+            t["calls"] += share
+            t[cls] += share * dur
+        elif r["op"] == "runq":
+            cls = in_call(r)
+            t["runq_ns"] += share * dur
+            if cls:
+                t[{"work": "runq_work_ns", "sync": "runq_sync_ns", "collective": "runq_coll_ns"}[cls]] += share * dur
+            pid, comm = preemptor.get(r["grp"], (None, None)) if r["grp"] else (None, None)
+            kind = "idle" if pid is None else "own" if pid == TRAINER_PID else "process"
+            who = (kind, pid, comm)
+            t["thieves"][who] = t["thieves"].get(who, 0.0) + share * dur
+        elif r["op"] == "offcpu" and r["state"] == "blocked" and not in_call(r):
+            t["blocked_ns"] += share * dur
+    return out
+
+
+def _fill_thread_time(conn, spec, index, node, boundary, steps, first_mono):
+    """thread_time rows per second, as the agent writes them, from the step templates (expected values)."""
+    tm = templates(spec, index)
+    (p0, rows0), (p1, rows1) = tm[0], tm[1]
+    per_step = {0: thread_time_per_step(rows0), 1: thread_time_per_step(rows1)}
+    t_boundary = first_mono + boundary * p0
+    t_end = t_boundary + (steps - boundary) * p1
+    out = []
+    t = first_mono // INTERVAL_NS * INTERVAL_NS
+    while t < t_end:
+        phase = 0 if t + INTERVAL_NS // 2 < t_boundary else 1
+        period = p0 if phase == 0 else p1
+        lo, hi = max(t, first_mono), min(t + INTERVAL_NS, t_end)
+        n = max(0.0, (hi - lo) / period)
+        for (kind, tid_off, comm), v in per_step[phase].items():
+            if kind != "trainer":
+                continue
+            thieves = sorted(((k, p, c, int(ns * n)) for (k, p, c), ns in v["thieves"].items()), key=lambda x: -x[3])
+            out.append((node["name"], t, INTERVAL_NS, TRAINER_PID, TRAINER_PID + tid_off, node["rank"], comm,
+                        int(v["calls"] * n), int(v["work_ns"] * n), int(v["sync_ns"] * n), int(v["coll_ns"] * n),
+                        int(v["runq_ns"] * n), int(v["runq_work_ns"] * n), int(v["runq_sync_ns"] * n),
+                        int(v["runq_coll_ns"] * n), int(v["blocked_ns"] * n), int(v["io_ns"] * n),
+                        json.dumps([list(x) for x in thieves]) if thieves else None))
+        t += INTERVAL_NS
+    conn.executemany("INSERT INTO thread_time (node, ts, interval_ns, pid, tid, rank, comm, calls, work_ns, sync_ns, "
+                     "coll_ns, runq_ns, runq_work_ns, runq_sync_ns, runq_coll_ns, blocked_ns, io_ns, thieves) "
+                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", out)
 
 
 def write_node(path, spec, index, steps=None):
@@ -353,6 +433,7 @@ def write_node(path, spec, index, steps=None):
         with conn:
             node, first_mono, last_mono, boundary = _fill_node(conn, spec, index, steps)
             _fill_side_tables(conn, spec, node, first_mono, last_mono)
+            _fill_thread_time(conn, spec, index, node, boundary, steps, first_mono)
             if not spec.record_all:    # the aggregates counted every call; keep the rows the agent would
                 conn.execute("DELETE FROM events WHERE source IN ('cuda', 'driver', 'nccl') AND detail IS NULL")
         schema.create(conn)                 # re-creates the indexes (IF NOT EXISTS)

@@ -1,0 +1,611 @@
+"""`straggler explain`: name the straggler rank (and node) of a synchronous training job, and why.
+
+  model.py   the step-time model and the rules (pure functions over rows; unit-tested)
+  sql.py     the queries (over thread_time, the agent's per-thread summaries; GROUP BY node)
+  report.py  findings, the report and its renderers (text, JSON, Markdown, JUnit)
+  this file  the runners (one database, or the live fleet), the orchestration, the CLI
+
+Which rank: the one that waits least for its peers, materially and consistently (model.py).
+Why: its components of step time above the other ranks' median, each mapped to a cause class
+(cpu-contention, self-contention, host-compute, gpu-slow, cuda-calls, io-self, io-other, and
+unknown for the rest), with the share of its excess each explains, the evidence, the SQL.
+
+This package reads only (store.query.run_query or the fleet client); it never writes a database.
+"""
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+from ...errors import StragglerError, UsageError
+from . import model, sql
+from .report import SEVERITY_ORDER, Finding, Report, _fmt_bytes, _fmt_ns, _fmt_share
+
+__all__ = ["ExplainOptions", "Finding", "Report", "explain_db", "explain_fleet", "add_arguments", "run"]
+
+CAUSE_CLASSES = ("cpu-contention", "self-contention", "host-compute", "gpu-slow", "cuda-calls", "io-self",
+                 "io-other", "unknown")
+N_SLICES = 8
+
+
+@dataclass
+class ExplainOptions:
+    baseline_fraction: float = 0.25  # the first part of each rank's window is its own baseline
+    since_ns: int = None             # only intervals from here (node CLOCK_MONOTONIC ns) ...
+    until_ns: int = None             # ... up to here
+    recent_from_ns: int = None       # the recent part starts here (instead of baseline_fraction)
+    recent_s: float = None           # the recent part is each rank's last S seconds (instead of baseline_fraction)
+    min_gap: float = model.ModelOptions.min_gap
+    max_wait_ratio: float = model.ModelOptions.max_wait_ratio
+    consistency: float = model.ModelOptions.consistency
+    min_cause_share: float = model.ModelOptions.min_cause_share
+    min_calls: int = 20              # a process with fewer traced calls in the window is not a rank
+    timeout_s: float = 300.0         # per query
+
+    @classmethod
+    def from_kwargs(cls, **opts):
+        unknown = set(opts) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise UsageError(f"unknown explain option(s): {', '.join(sorted(unknown))}")
+        return cls(**{k: v for k, v in opts.items() if v is not None})
+
+    def model_options(self):
+        return model.ModelOptions(min_gap=self.min_gap, max_wait_ratio=self.max_wait_ratio,
+                                  consistency=self.consistency, min_cause_share=self.min_cause_share)
+
+
+# ---------------------------------------------------------------- runners
+
+class _DbRunner:
+    def __init__(self, db_path, timeout_s):
+        from ...store.query import run_query
+        self._run_query = run_query
+        self.db_path = db_path
+        self.timeout_s = timeout_s
+        self.missing = {}
+        self.answered = {}
+
+    def rows(self, text):
+        try:
+            result = self._run_query(self.db_path, text, limit=500000, timeout_s=self.timeout_s)
+        except StragglerError as exc:
+            if "no such table: thread_time" in str(exc):
+                raise StragglerError(f"{self.db_path} has no thread_time table: it was written by an agent older than "
+                                     "this explain (schema 2); trace again with this version") from None
+            raise
+        return [dict(zip(result.columns, r)) for r in result.rows]
+
+
+class _FleetRunner:
+    def __init__(self, nodes, tls, timeout_s, deadline_s=None, fleet_query=None):
+        if fleet_query is None:
+            from ...fleet.client import fleet_query          # the fleet client (another part); lazily
+        self._fleet_query = fleet_query
+        self.nodes, self.tls = nodes, tls
+        self.timeout_s = timeout_s
+        self.deadline_s = deadline_s or max(15.0, timeout_s + 5.0)
+        self.missing = {}
+        self.answered = {}
+
+    def rows(self, text):
+        result = self._fleet_query(self.nodes, text, self.tls, limit=500000, timeout_s=self.timeout_s,
+                                   deadline_s=self.deadline_s, clock_samples=0)   # explain needs no offsets
+        for st in result.nodes:
+            name = st.node or st.address
+            if st.status in ("ok", "empty"):
+                self.answered[name] = st.status
+                continue
+            self.missing.setdefault(name, dict(node=name, status=st.status, message=st.message or st.status,
+                                               address=st.address))
+        columns = list(result.columns)
+        return [dict(zip(columns, r)) for r in result.rows]
+
+
+def explain_db(db_path, **opts):
+    """Explain one database (a merged cluster.db, or a single node's store)."""
+    options = ExplainOptions.from_kwargs(**opts)
+    return _explain(_DbRunner(db_path, options.timeout_s), options, f"database {db_path}")
+
+
+def explain_fleet(nodes, tls, **opts):
+    """Explain live, running each query on every node through the fleet client."""
+    fleet_query = opts.pop("fleet_query", None)
+    deadline_s = opts.pop("deadline_s", None)
+    options = ExplainOptions.from_kwargs(**opts)
+    if "timeout_s" not in opts:
+        options.timeout_s = 30.0
+    runner = _FleetRunner(nodes, tls, options.timeout_s, deadline_s, fleet_query)
+    spec = nodes if isinstance(nodes, str) else ",".join(map(str, nodes))
+    return _explain(runner, options, f"fleet {spec}")
+
+
+# ---------------------------------------------------------------- windows and the model's inputs
+
+def _windows(span_rows, opts):
+    """(node, pid, t0, tb, t1) per rank: its span of intervals with calls, less the partial first and
+    last interval, split into its own baseline and the recent part (interval-aligned)."""
+    out = []
+    for r in span_rows:
+        step = int(r["interval_ns"] or 1)
+        t0, t1 = int(r["first_ts"]), int(r["last_ts"])
+        if t1 - t0 >= 4 * step:
+            t0, t1 = t0 + step, t1 - step
+        if opts.since_ns is not None:
+            t0 = max(t0, int(opts.since_ns))
+        if opts.until_ns is not None:
+            t1 = min(t1, int(opts.until_ns))
+        if t1 <= t0:
+            continue
+        if opts.recent_from_ns is not None:
+            tb = min(max(int(opts.recent_from_ns), t0), t1)
+        elif opts.recent_s is not None:
+            tb = max(t0, t1 - int(opts.recent_s * 1e9) // step * step)
+        else:
+            tb = t0 + int((t1 - t0) * opts.baseline_fraction) // step * step
+        out.append((r["node"], int(r["pid"]), t0, tb, t1))
+    return out
+
+
+def _group_threads(rows):
+    """{(node, pid): {part: [thread dicts]}}."""
+    out = {}
+    for r in rows:
+        out.setdefault((r["node"], int(r["pid"])), {}).setdefault(r.get("part", "recent"), []).append(r)
+    return out
+
+
+def _calling_tids(grouped):
+    """The calling thread of each rank, chosen over its whole window."""
+    out = {}
+    for key, parts in grouped.items():
+        merged = {}
+        for rows in parts.values():
+            for r in rows:
+                acc = merged.setdefault(r["tid"], dict(tid=r["tid"], calls=0, work_ns=0, sync_ns=0, coll_ns=0))
+                for c in ("calls", "work_ns", "sync_ns", "coll_ns"):
+                    acc[c] += r.get(c) or 0
+        main = model.calling_thread(list(merged.values()))
+        if main is not None:
+            out[key] = main["tid"]
+    return out
+
+
+# ---------------------------------------------------------------- the analysis
+
+def _explain(runner, opts, source):
+    started = time.monotonic()
+    report = Report(source=source, options={k: v for k, v in asdict(opts).items() if v is not None})
+    mopts = opts.model_options()
+    span_sql = sql.spans(opts.since_ns, opts.until_ns)
+    span_rows = [r for r in runner.rows(span_sql) if (r["calls"] or 0) >= opts.min_calls]
+    windows = _windows(span_rows, opts)
+    rank_of = {(r["node"], int(r["pid"])): r["rank"] for r in span_rows}
+    interval_of = {(r["node"], int(r["pid"])): int(r["interval_ns"] or 1) for r in span_rows}
+    ranks_info = {r["node"]: r for r in runner.rows(sql.RANKS)}
+    lost = runner.rows(sql.LOST)
+
+    threads_sql = sql.threads(windows)
+    grouped = _group_threads(runner.rows(threads_sql)) if windows else {}
+    calling = _calling_tids(grouped)
+    win_of = {(n, p): (t0, tb, t1) for n, p, t0, tb, t1 in windows}
+    recent, baseline = {}, {}
+    for key, parts in grouped.items():
+        if key not in calling:
+            continue
+        t0, tb, t1 = win_of[key]
+        rt = model.rank_time(key, parts.get("recent", []), t1 - tb, rank_of.get(key), calling[key])
+        if rt is not None:
+            recent[key] = rt
+        bt = model.rank_time(key, parts.get("baseline", []), tb - t0, rank_of.get(key), calling[key])
+        if bt is not None:
+            baseline[key] = bt
+
+    # slices of the recent part (the consistency test)
+    slice_rows, slices_sql = [], None
+    if recent:
+        longest = max(win_of[k][2] - win_of[k][1] for k in recent)
+        step = max(interval_of.values())
+        slice_ns = max(step, (longest // N_SLICES) // step * step)
+        slices_sql = sql.slices([w for w in windows if (w[0], w[1]) in recent], slice_ns)
+        slice_rows = runner.rows(slices_sql)
+    per_slice = {}
+    for r in slice_rows:
+        per_slice.setdefault(int(r["slice"]), {}).setdefault((r["node"], int(r["pid"])), []).append(r)
+    slices = []
+    for _, by_rank in sorted(per_slice.items()):
+        ranks_here = []
+        for key, rows in by_rank.items():
+            if key not in calling:
+                continue
+            main = next((x for x in rows if x["tid"] == calling[key]), None)
+            if main is None:
+                continue
+            wall = int(main["intervals"]) * interval_of[key]
+            rt = model.rank_time(key, rows, wall, rank_of.get(key), calling[key])
+            if rt is not None:
+                ranks_here.append(rt)
+        if len(ranks_here) >= 2:
+            slices.append(ranks_here)
+
+    ranks = sorted(recent.values(), key=lambda r: (r.key[0], r.rank if r.rank is not None else -1, r.key[1]))
+    verdict = model.find_stragglers(ranks, slices, mopts)
+    named = [s["rank"].key for s in verdict.stragglers]
+    report.stragglers = []
+    for k in named:
+        if k[0] not in report.stragglers:
+            report.stragglers.append(k[0])
+    report.straggler = report.stragglers[0] if report.stragglers else None
+
+    # ---- missing nodes
+    nodes = sorted({r.key[0] for r in ranks})
+    missing = dict(runner.missing)
+    world = max([r["world_size"] or 0 for r in ranks_info.values()] or [0])
+    present = {r.rank for r in ranks if r.rank is not None}
+    for name in runner.answered:
+        if name not in nodes and name not in missing:
+            missing[name] = dict(node=name, status="no-data", message="answered, but traced no rank's calls")
+    absent = sorted(set(range(world)) - present) if world else []
+    if absent and not missing:
+        for rk in absent:
+            missing[f"rank {rk}"] = dict(node=f"rank {rk}", status="no-data", rank=rk,
+                                         message=f"world_size is {world} but no node with rank {rk} has data")
+    report.missing = list(missing.values())
+
+    # ---- per rank rows
+    for r in ranks:
+        report.nodes.append(dict(
+            node=r.key[0], pid=r.key[1], rank=r.rank, thread=f"{r.comm} ({r.tid})",
+            wait_pct=round(100 * r.wait_share(verdict.wait_def), 1), host_pct=round(100 * r.share("host"), 1),
+            runq_pct=round(100 * r.share("runq"), 1), sync_pct=round(100 * r.share("sync"), 1),
+            io_pct=round(100 * r.share("io"), 1), coll_pct=round(100 * r.share("coll"), 1),
+            blocked_pct=round(100 * r.share("blocked"), 1), work_pct=round(100 * r.share("work"), 1),
+            role="straggler" if r.key in named else ""))
+
+    ctx = dict(runner=runner, opts=opts, mopts=mopts, windows=windows, win_of=win_of, threads_sql=threads_sql,
+               slices_sql=slices_sql, verdict=verdict, recent=recent, baseline=baseline, ranks=ranks)
+    if verdict.stragglers:
+        for i, s in enumerate(verdict.stragglers):
+            _straggler_findings(report, ctx, s, first=(i == 0))
+        _waiter_finding(report, ctx)
+    else:
+        _no_straggler_findings(report, ctx)
+
+    if report.missing:
+        names = ", ".join(f"{m['node']} ({m['status']})" for m in report.missing)
+        doubt = (f"a rank among the missing could be slower than {report.straggler}" if report.straggler
+                 else "a straggler among the missing nodes cannot be seen from here")
+        report.findings.append(Finding(
+            severity="warning", node=None, cause="missing-nodes",
+            summary=f"{len(report.missing)} node(s) missing: {names}; the comparison used {len(ranks)} rank(s): {doubt}",
+            numbers={"ranks_with_data": len(ranks), "missing": len(report.missing), "world_size": world or None},
+            sql={"ranks": sql.RANKS.strip(), "spans": span_sql.strip()},
+            recommendation="bring the missing agents up (straggler status on each) and re-run explain"))
+    for r in lost:
+        report.findings.append(Finding(
+            severity="warning", node=r["node"], cause="data-loss",
+            summary=f"{r['node']} lost {r['lost_events']} events (BPF buffer overruns): its numbers are lower bounds",
+            numbers={"lost_events": r["lost_events"]}, sql={"lost_events": sql.LOST.strip()},
+            sources={"lost_events": dict(sql="lost_events", match={"node": r["node"]}, column="lost_events")},
+            recommendation="raise the agent's buffer size (--ringbuf-kb, --sys-ringbuf-kb) or trace fewer calls"))
+    order = {k: i for i, k in enumerate(named)}
+    report.findings.sort(key=lambda f: (f.cause != "straggler", SEVERITY_ORDER.get(f.severity, 9), -f.share))
+    report.findings.sort(key=lambda f: order.get(f.numbers.get("_rank_key"), len(order)) if f.cause == "straggler"
+                         else len(order))
+    for f in report.findings:
+        f.numbers.pop("_rank_key", None)
+    report.elapsed_s = round(time.monotonic() - started, 3)
+    return report
+
+
+def _who(rt):
+    return f"{rt.key[0]} (rank {rt.rank})" if rt.rank is not None else f"{rt.key[0]} (pid {rt.key[1]})"
+
+
+def _pct(x):
+    return f"{100 * x:.0f}%"
+
+
+def _straggler_findings(report, ctx, s, first):
+    rt, verdict = s["rank"], ctx["verdict"]
+    others = [r for r in ctx["ranks"] if r.key != rt.key and r.key not in {x["rank"].key for x in verdict.stragglers}]
+    others = others or [r for r in ctx["ranks"] if r.key != rt.key]
+    node, pid = rt.key
+    wait_parts = " + ".join(model.WAIT_DEFS[verdict.wait_def])
+    base = ctx["baseline"].get(rt.key)
+    base_txt = (f" (its own baseline: {_pct(base.wait_share(verdict.wait_def))})" if base and base.wall_ns else "")
+    style = ("collectives and blocked time" if verdict.wait_def == "blocking"
+             else "collectives, blocked time and synchronize (collectives only enqueue: the wait shows in the next "
+                  "synchronize)")
+    summary = (f"{_who(rt)} is the straggler: it waits least for its peers — its calling thread {rt.comm} "
+               f"(tid {rt.tid}) spent {_pct(s['wait'])} of its time waiting ({style}) vs {_pct(s['others_median'])} "
+               f"median on the other ranks{base_txt}, lower in {s['consistency']:.0%} of the window's slices; "
+               f"everyone else waits for it")
+    match = {"node": node, "pid": pid, "tid": rt.tid, "part": "recent"}
+    report.findings.append(Finding(
+        severity="critical", node=node, cause="straggler", summary=summary,
+        numbers={"wait_pct": round(100 * s["wait"], 1), "others_median_wait_pct": round(100 * s["others_median"], 1),
+                 "gap_pct": round(100 * s["gap"], 1), "slices_lower": round(s["consistency"], 2),
+                 "coll_ns": rt.raw.get("coll_ns"), "blocked_ns": rt.raw.get("blocked_ns"), "wall_ns": rt.wall_ns,
+                 "rank": rt.rank, "_rank_key": rt.key},
+        sources={"coll_ns": dict(sql="threads", match=match, column="coll_ns"),
+                 "blocked_ns": dict(sql="threads", match=match, column="blocked_ns")},
+        sql={"threads": ctx["threads_sql"].strip(), **({"slices": ctx["slices_sql"].strip()} if ctx["slices_sql"] else {})},
+        recommendation="see the cause findings below", share=1.0))
+    _cause_findings(report, ctx, rt, others, base)
+
+
+def _cause_findings(report, ctx, rt, others, base):
+    runner, windows, mopts = ctx["runner"], ctx["windows"], ctx["mopts"]
+    verdict = ctx["verdict"]
+    node, pid = rt.key
+    t0, tb, t1 = ctx["win_of"][rt.key]
+    recent_s, base_s = (t1 - tb) / 1e9, (tb - t0) / 1e9
+    ex, total = model.excess(rt, others, verdict.wait_def)
+    explained = sum(ex.values())
+    denom = max(total, explained, 1e-9)
+    threads_sql = ctx["threads_sql"].strip()
+    match = {"node": node, "pid": pid, "tid": rt.tid, "part": "recent"}
+
+    def grew(component):
+        now = rt.share(component)
+        if base is None or not base.wall_ns:
+            return f"{_pct(now)} of its time"
+        return f"{_pct(base.share(component))} → {_pct(now)} of its time"
+
+    def others_txt(component):
+        return f"{_pct(statistics_median([o.share(component) for o in others]))} median on the other ranks"
+
+    def add(cause, share, summary, numbers, sources=None, extra_sql=None, recommendation=""):
+        if share < mopts.min_cause_share:
+            return
+        report.findings.append(Finding(
+            severity="critical" if share >= 0.5 else "warning" if share >= 0.2 else "info", node=node, cause=cause,
+            summary=summary, numbers=dict(numbers, share_of_excess=round(share, 3)), sources=sources or {},
+            sql=dict({"threads": threads_sql}, **(extra_sql or {})), recommendation=recommendation,
+            share=round(share, 3)))
+
+    excess_ns = int(total * rt.wall_ns)
+    # ---- run queue: who held the CPU
+    if ex.get("runq", 0) > 0:
+        thieves_sql = sql.thieves(windows, node, pid)
+        rows = runner.rows(thieves_sql)
+        rec = {(r["kind"], r["thief_pid"], r["thief_comm"]): r["runq_ns"] or 0 for r in rows if r["part"] == "recent"}
+        bas = {(r["kind"], r["thief_pid"], r["thief_comm"]): r["runq_ns"] or 0 for r in rows if r["part"] == "baseline"}
+        growth = model.thief_growth(rec, bas, recent_s, base_s)
+        own_share, other_share = model.split_runq(growth)
+        runq_share = ex["runq"] / denom
+        helpers = (f"; {_fmt_ns(rt.helper_runq_ns)} of it while it waited for its own threads"
+                   if rt.helper_runq_ns else "")
+        base_runq = f"run-queue wait {grew('runq')} vs {others_txt('runq')}{helpers}"
+        # group the thieves by process (kind, pid) for naming
+        by_proc = {}
+        for (kind, tpid, comm), rate in growth.items():
+            acc = by_proc.setdefault((kind, tpid), dict(rate=0.0, comms=set()))
+            acc["rate"] += rate
+            if comm:
+                acc["comms"].add(comm)
+        total_rate = sum(v["rate"] for v in by_proc.values()) or 1.0
+        foreign = sorted(((k, v) for k, v in by_proc.items() if k[0] not in model.OWN_KINDS), key=lambda kv: -kv[1]["rate"])
+        own = sorted(((k, v) for k, v in by_proc.items() if k[0] in model.OWN_KINDS), key=lambda kv: -kv[1]["rate"])
+        io_rows = None
+        if other_share * runq_share >= mopts.min_cause_share:
+            io_rows = runner.rows(sql.block_io(windows, node, pid))
+            names = []
+            numbers = {"runq_ns": rt.raw.get("runq_ns"), "excess_ns": excess_ns}
+            top = None
+            for (kind, tpid), v in foreign[:4]:
+                label = _thief_label(kind, tpid, v["comms"], io_rows)
+                names.append(f"{label}: {_fmt_ns(v['rate'] * recent_s)} ({v['rate'] / total_rate:.0%})")
+                top = top or (kind, tpid, v["comms"])
+            numbers["runq_recent_ns"] = sum(rec.values())
+            summary = (f"CPU contention on {node}: other tasks held its trainer's CPU — {base_runq}; who held it "
+                       f"(run-queue wait grown over the baseline): " + "; ".join(names or ["not recorded"]))
+            add("cpu-contention", runq_share * other_share, summary, numbers,
+                sources={"runq_ns": dict(sql="threads", match=match, column="runq_ns")},
+                extra_sql={"thieves": thieves_sql.strip()},
+                recommendation=_recommend_cpu(top, io_rows))
+        if own_share * runq_share >= mopts.min_cause_share:
+            names = [f"{', '.join(sorted(v['comms'])) or 'its threads'}: {v['rate'] / total_rate:.0%}"
+                     for (kind, tpid), v in own[:3]]
+            summary = (f"self-contention on {node}: the trainer's own threads (or its child processes) compete for "
+                       f"too few cores — {base_runq}; its own: " + "; ".join(names))
+            add("self-contention", runq_share * own_share, summary, {"runq_ns": rt.raw.get("runq_ns"), "excess_ns": excess_ns},
+                sources={"runq_ns": dict(sql="threads", match=match, column="runq_ns")},
+                extra_sql={"thieves": sql.thieves(windows, node, pid).strip()},
+                recommendation="give the trainer more cores (its cpuset/affinity), or fewer threads: torch.set_num_threads, "
+                               "OMP_NUM_THREADS, DataLoader num_workers sized to the cores it has")
+    if ex.get("host", 0) > 0:
+        add("host-compute", ex["host"] / denom,
+            f"host compute on {node}: its calling thread's on-CPU time outside CUDA/NCCL calls grew — {grew('host')} vs "
+            f"{others_txt('host')} (data loading, preprocessing, Python, GC)",
+            {"host_pct": round(100 * rt.share("host"), 1), "excess_ns": excess_ns},
+            recommendation="profile the step's host side on that node (py-spy top --pid PID): data loading "
+                           "(more DataLoader workers, pinned memory), preprocessing, GC pauses (gc.freeze / gc.disable)")
+    if ex.get("sync", 0) > 0:
+        add("gpu-slow", ex["sync"] / denom,
+            f"slow GPU on {node}: its time in synchronize (waiting for its own device) grew while its host side did not "
+            f"— {grew('sync')} vs {others_txt('sync')}; no host process is to blame",
+            {"sync_ns": rt.raw.get("sync_ns"), "excess_ns": excess_ns},
+            sources={"sync_ns": dict(sql="threads", match=match, column="sync_ns")},
+            recommendation="check that GPU: nvidia-smi -q -d PERFORMANCE,CLOCK,TEMPERATURE (throttling, clocks), "
+                           "ECC/XID errors in dmesg, its PCIe/NVLink link width; drain the node if it persists")
+    if ex.get("work", 0) > 0:
+        add("cuda-calls", ex["work"] / denom,
+            f"CUDA calls slower on {node}: on-CPU time inside launch/alloc/copy calls grew — {grew('work')} vs "
+            f"{others_txt('work')}",
+            {"work_ns": rt.raw.get("work_ns"), "excess_ns": excess_ns},
+            sources={"work_ns": dict(sql="threads", match=match, column="work_ns")},
+            recommendation="look at the driver side: allocator churn (cudaMalloc in the loop), pageable copies "
+                           "(pin host memory), a contended driver lock")
+    if ex.get("io", 0) > 0:
+        io_sql = sql.block_io(windows, node, pid)
+        rows = runner.rows(io_sql)
+        own_rec = sum(r["bytes"] or 0 for r in rows if r["own"] and r["part"] == "recent")
+        own_base = sum(r["bytes"] or 0 for r in rows if r["own"] and r["part"] == "baseline")
+        others_rec = [r for r in rows if not r["own"] and r["part"] == "recent"]
+        cls = model.classify_io(own_rec, own_base, sum(r["bytes"] or 0 for r in others_rec), recent_s, base_s)
+        numbers = {"io_ns": rt.raw.get("io_ns"), "own_io_bytes": own_rec, "excess_ns": excess_ns}
+        if cls == "io-self":
+            summary = (f"its own block I/O on {node}: the trainer sleeps on I/O it issued itself — {grew('io')} vs "
+                       f"{others_txt('io')}; it wrote/read {_fmt_bytes(own_rec)} in the recent window")
+            rec = ("move checkpoint writes and data reads out of the training loop's thread: an async checkpoint "
+                   "(torch.distributed.checkpoint async_save), a background writer, prefetching loaders")
+        else:
+            top = max(others_rec, key=lambda r: r["bytes"] or 0)
+            summary = (f"block I/O of another process on {node}: the trainer's own I/O ({_fmt_bytes(own_rec)}) got "
+                       f"slower while {top['comm']} (pid {top['pid']}) wrote/read {_fmt_bytes(top['bytes'])} on the same "
+                       f"node — {grew('io')} vs {others_txt('io')}")
+            rec = f"`ionice -c3 -p {top['pid']}`, move its I/O to another disk, or schedule it outside training"
+            numbers["other_io_bytes"] = top["bytes"]
+        add(cls, ex["io"] / denom, summary, numbers,
+            sources={"io_ns": dict(sql="threads", match=match, column="io_ns")},
+            extra_sql={"block_io": io_sql.strip()}, recommendation=rec)
+    unknown = max(0.0, total - explained) / denom if total > 0 else 0.0
+    if unknown >= max(0.2, mopts.min_cause_share):
+        add("unknown", unknown,
+            f"{unknown:.0%} of {node}'s excess step time is explained by none of the classes (on-CPU in calls, host "
+            f"compute, run queue, synchronize, own I/O): it may wait on something not traced (a lock, the network "
+            f"outside NCCL, page faults)",
+            {"excess_ns": excess_ns, "explained_ns": int(explained * rt.wall_ns)},
+            recommendation="profile its blocking: offcputime-style stacks (py-spy dump --pid PID) while it straggles")
+
+
+def statistics_median(values):
+    return model._median(values)
+
+
+def _thief_label(kind, pid, comms, io_rows):
+    names = ", ".join(sorted(comms)) if comms else "?"
+    if kind == "kernel":
+        return f"kernel work ({names})"
+    if kind == "outside":
+        return f"{names} (outside this agent's scope: another container or namespace; pid not visible)"
+    if kind == "idle":
+        return "no one (an idle CPU: the scheduler was slow to move it)"
+    wrote = sum(r["bytes"] or 0 for r in (io_rows or []) if r["pid"] == pid and r["part"] == "recent")
+    what = f", a writer: {_fmt_bytes(wrote)} of block I/O in the window" if wrote else ""
+    return f"{names} (pid {pid}{what})"
+
+
+def _recommend_cpu(top, io_rows):
+    if not top:
+        return "find what runs on the trainer's cores (top -H, pidstat -t) and move it away"
+    kind, pid, comms = top
+    name = ", ".join(sorted(comms)) or "it"
+    if kind == "kernel":
+        return (f"kernel work ({name}) takes the trainer's CPU: check interrupts and softirqs on its cores "
+                "(/proc/interrupts, irqbalance), and keep them off the trainer's cores")
+    if kind == "outside":
+        return (f"{name} runs in another container/namespace on the same cores: give the trainer a cpuset of its own "
+                "or run the other workload elsewhere")
+    if kind == "idle":
+        return "the CPU was free but the trainer waited: check the cpuset/affinity it is pinned to"
+    wrote = any(r["pid"] == pid and (r["bytes"] or 0) for r in (io_rows or []))
+    base = (f"move {name} (pid {pid}) off the trainer's cores: `taskset -pc <other cores> {pid}` (or pin the trainer to "
+            f"cores of its own with a cpuset), and lower its priority (`renice +19 -p {pid}`)")
+    if wrote:
+        return base + "; it writes: make the checkpoint asynchronous / throttled, or run it with `ionice -c3`"
+    return base + "; or stop it while training"
+
+
+def _waiter_finding(report, ctx):
+    verdict = ctx["verdict"]
+    named = {s["rank"].key for s in verdict.stragglers}
+    waiters = [r for r in ctx["ranks"] if r.key not in named]
+    if not waiters:
+        return
+    who = ", ".join(f"{_who(s['rank'])}" for s in verdict.stragglers)
+    parts = [f"{_who(r)} waits {_pct(r.wait_share(verdict.wait_def))} (run queue {_pct(r.share('runq'))})" for r in waiters]
+    report.findings.append(Finding(
+        severity="info", node=None, cause="waiters",
+        summary=f"the other ranks are waiters, not causes: they spend their time waiting for {who} — " + "; ".join(parts),
+        numbers={f"{r.key[0]}.wait_pct": round(100 * r.wait_share(verdict.wait_def), 1) for r in waiters},
+        sql={"threads": ctx["threads_sql"].strip()}, recommendation=f"nothing to fix on them: they wait for {who}"))
+
+
+def _no_straggler_findings(report, ctx):
+    verdict, ranks, base = ctx["verdict"], ctx["ranks"], ctx["baseline"]
+    why = "; ".join(f"{_who(rt)} {reason}" for rt, reason in verdict.rejected) or (
+        "fewer than two ranks with data" if len(ranks) < 2 else "every rank waits about as much as the others")
+    numbers = {f"{r.key[0]}.wait_pct": round(100 * r.wait_share(verdict.wait_def), 1) for r in ranks}
+    # every rank's synchronize grew alike: the device side or the network, not one host
+    grown = [r for r in ranks if r.key in base and base[r.key].share("sync") > 0
+             and r.share("sync") >= 1.3 * base[r.key].share("sync") and r.share("sync") - base[r.key].share("sync") >= 0.05]
+    if ranks and len(grown) == len(ranks) and len(ranks) >= 2:
+        report.findings.append(Finding(
+            severity="warning", node=None, cause="device-wide",
+            summary=("every rank's time in synchronize grew alike ("
+                     + ", ".join(f"{r.key[0]} {_pct(base[r.key].share('sync'))} → {_pct(r.share('sync'))}" for r in grown)
+                     + "): the wait is on the device side or in the collective's network, and with collectives that only "
+                       "enqueue (NCCL on GPUs) the host cannot tell whose GPU is slow"),
+            numbers={f"{r.key[0]}.sync_pct": round(100 * r.share("sync"), 1) for r in grown},
+            sql={"threads": ctx["threads_sql"].strip()},
+            recommendation="compare the GPUs directly: nvidia-smi -q -d PERFORMANCE,CLOCK on each node, or NCCL's own "
+                           "timing (NCCL_DEBUG=INFO, the PyTorch flight recorder)"))
+    missing = report.missing
+    if missing and ranks and all(r.key in base and r.wait_share(verdict.wait_def) >= 1.15 * base[r.key].wait_share(verdict.wait_def)
+                                 and r.wait_share(verdict.wait_def) > 0 for r in ranks):
+        report.findings.append(Finding(
+            severity="warning", node=None, cause="waiters",
+            summary=(f"no straggler among the {len(ranks)} ranks with data, but all of them now wait longer than in their "
+                     f"own baseline: the straggler is probably one of the missing nodes "
+                     f"({', '.join(m['node'] for m in missing)})"),
+            numbers=numbers, sql={"threads": ctx["threads_sql"].strip()},
+            recommendation="bring the missing agents up and re-run explain"))
+    report.findings.append(Finding(
+        severity="info", node=None, cause="no-straggler",
+        summary=f"no straggler among {len(ranks)} rank(s): {why}", numbers=numbers,
+        sql={"threads": ctx["threads_sql"].strip()}))
+
+
+# ---------------------------------------------------------------- CLI
+
+def add_arguments(parser):
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("-d", "--db", help="a database: a merged cluster.db, or one node's store")
+    where.add_argument("--nodes", help="live: the fleet's agents, host:port,… or a file with one per line")
+    parser.add_argument("--json", action="store_true", help="the report as JSON")
+    parser.add_argument("--markdown", metavar="FILE", help="also write the report as Markdown to FILE")
+    parser.add_argument("--junit", metavar="FILE", help="also write the report as JUnit XML to FILE (for CI)")
+    parser.add_argument("--baseline-fraction", type=float, default=ExplainOptions.baseline_fraction,
+                        help="the first part of each rank's window is its own baseline "
+                             f"(default {ExplainOptions.baseline_fraction:g})")
+    parser.add_argument("--last", type=float, metavar="S",
+                        help="the recent window is each rank's last S seconds (the rest before it is the baseline)")
+    parser.add_argument("--min-gap", type=float, default=ExplainOptions.min_gap,
+                        help="the straggler waits at least this share of its time less than the other ranks' median "
+                             f"(default {ExplainOptions.min_gap:g})")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds per query (default 300 local, 30 fleet)")
+    parser.add_argument("--no-sql", action="store_true", help="text output without the SQL of each finding")
+    parser.add_argument("--fail-on-straggler", action="store_true", help="exit 1 when a straggler is found")
+    from ...tls import add_tls_arguments
+    add_tls_arguments(parser)
+
+
+def run(args):
+    opts = dict(baseline_fraction=args.baseline_fraction, min_gap=args.min_gap)
+    if args.timeout:
+        opts["timeout_s"] = args.timeout
+    if args.last is not None and args.last <= 0:
+        raise UsageError("--last must be > 0 seconds")
+    if args.db:
+        if not os.path.exists(args.db):
+            raise StragglerError(f"{args.db}: no such database; pass -d a store or a merged cluster.db")
+        report = explain_db(args.db, recent_s=args.last, **opts)
+    else:
+        from ...tls import TLSOptions
+        from ...fleet.client import parse_nodes
+        nodes, tls = parse_nodes(args.nodes), TLSOptions.from_args(args)
+        report = explain_fleet(nodes, tls, recent_s=args.last, **opts)
+    if args.markdown:
+        with open(args.markdown, "w") as fh:
+            fh.write(report.to_markdown())
+    if args.junit:
+        with open(args.junit, "w") as fh:
+            fh.write(report.to_junit())
+    if args.json:
+        sys.stdout.write(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
+    else:
+        sys.stdout.write(report.to_text(show_sql=not args.no_sql))
+    return 1 if (args.fail_on_straggler and report.straggler) else 0

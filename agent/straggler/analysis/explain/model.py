@@ -1,0 +1,241 @@
+"""The step-time model and the rules that name the straggler and its causes: pure functions over
+rows (dicts), no SQL, no I/O, so each rule is unit-tested on small tables.
+
+The physics of a synchronous job: every rank waits for the slowest one at every collective, so
+the straggler is the rank that WAITS LEAST for its peers, and the cause is the part of its own step
+time that is larger than the other ranks' (and grew against its own baseline).
+
+A rank's calling thread (the thread with the most time in CUDA/NCCL calls) spends its wall time in
+exclusive components (thread_time, written by the agent; ns over a window):
+  work     on CPU inside work calls (launch, alloc, copy)
+  sync     inside synchronize calls, not waiting for a CPU (the device's time; with NCCL on a
+           GPU, also the wait for peers: collectives only enqueue)
+  coll     inside collective calls, not waiting for a CPU (a blocking collective's wait for peers)
+  runq     in the run queue: runnable, its CPU held by another task
+  io       asleep outside calls while its process's own block I/O was in flight
+  blocked  asleep outside calls otherwise (a CPU collective such as gloo waits here; locks)
+  host     on CPU outside any traced call (data loading, Python, GC): the rest of the wall time
+Its own other threads (a communication thread, for instance) can hold it up too: the time it
+waited (coll/blocked) while its helpers sat in the run queue, up to that much, counts as its run
+queue wait, not as a wait for peers ("helper_runq").
+
+Waiting for peers is coll + blocked; in the enqueue style (NCCL on a GPU) it hides in sync, so
+the definition that separates the ranks more is used (`choose_wait`). Cause classes map the
+straggler's excess components: runq -> cpu-contention / self-contention (by who held the CPU),
+host -> host-compute, sync -> gpu-slow, work -> cuda-calls, io -> io-self / io-other; what no
+component explains is `unknown`.
+"""
+import statistics
+from dataclasses import dataclass, field
+
+COMPONENTS = ("work", "sync", "coll", "runq", "io", "blocked", "host")
+WAIT_DEFS = {"blocking": ("coll", "blocked"), "enqueue": ("coll", "blocked", "sync")}
+# which class an excess component is evidence of (runq and io are split further by the evidence)
+COMPONENT_CAUSE = {"host": "host-compute", "sync": "gpu-slow", "work": "cuda-calls"}
+OWN_KINDS = ("own",)            # thread_time.thieves kinds that are the trainer itself (or its children)
+
+
+@dataclass
+class ModelOptions:
+    min_gap: float = 0.08        # the straggler waits at least this share of wall time less than the others' median
+    max_wait_ratio: float = 0.7  # ... and at most this fraction of the others' median wait
+    consistency: float = 0.6     # ... in at least this share of the window's slices
+    min_cause_share: float = 0.1 # a cause finding needs at least this share of the straggler's excess
+    enqueue_margin: float = 0.02 # counting sync as waiting must separate the ranks by this much more
+    max_step_rate_ratio: float = 1.25   # a rank calling much more often than the others is not in lockstep
+
+
+@dataclass
+class RankTime:
+    """One rank's time over one window: shares (0..1) of wall time per component."""
+    key: tuple                   # (node, pid)
+    rank: object = None
+    tid: int = None
+    comm: str = None
+    wall_ns: int = 0
+    calls: int = 0
+    ns: dict = field(default_factory=dict)        # component -> ns
+    helper_runq_ns: int = 0                       # the part of runq that its own helper threads had
+    raw: dict = field(default_factory=dict)       # the calling thread's thread_time sums, as queried
+
+    def share(self, component):
+        return self.ns.get(component, 0) / self.wall_ns if self.wall_ns else 0.0
+
+    def wait_share(self, wait_def):
+        return sum(self.share(c) for c in WAIT_DEFS[wait_def])
+
+
+def thread_components(t, wall_ns):
+    """Exclusive components (ns) of one thread's thread_time sums over a window of wall_ns."""
+    work = max(0, t.get("work_ns", 0) - t.get("runq_work_ns", 0))
+    sync = max(0, t.get("sync_ns", 0) - t.get("runq_sync_ns", 0))
+    coll = max(0, t.get("coll_ns", 0) - t.get("runq_coll_ns", 0))
+    runq = t.get("runq_ns", 0)
+    io = t.get("io_ns", 0)
+    blocked = t.get("blocked_ns", 0)
+    host = max(0, wall_ns - (work + sync + coll + runq + io + blocked))
+    return dict(work=work, sync=sync, coll=coll, runq=runq, io=io, blocked=blocked, host=host)
+
+
+def calling_thread(threads):
+    """The thread of a process with the most time in traced calls (None if none made calls)."""
+    best = max(threads, key=lambda t: (t.get("work_ns", 0) + t.get("sync_ns", 0) + t.get("coll_ns", 0),
+                                       t.get("calls", 0)), default=None)
+    if best is None or not best.get("calls"):
+        return None
+    return best
+
+
+def rank_time(key, threads, wall_ns, rank=None, calling_tid=None):
+    """RankTime of one process from its threads' thread_time sums over a window.
+
+    calling_tid: which thread is the calling thread (chosen over the whole window, so the baseline
+    and the recent part describe the same thread); by default the one with the most call time."""
+    main = next((t for t in threads if t.get("tid") == calling_tid), None) if calling_tid is not None \
+        else calling_thread(threads)
+    if main is None or wall_ns <= 0:
+        return None
+    ns = thread_components(main, wall_ns)
+    helper_runq = sum(t.get("runq_ns", 0) for t in threads if t is not main)
+    # its waits that its own helpers' run-queue time accounts for are its own delay, not peers'
+    waited = ns["coll"] + ns["blocked"]
+    moved = min(helper_runq, waited)
+    if moved and waited:
+        ns["coll"] -= int(moved * ns["coll"] / waited)
+        ns["blocked"] = waited - moved - ns["coll"]
+        ns["runq"] += moved
+    return RankTime(key=key, rank=rank, tid=main.get("tid"), comm=main.get("comm"), wall_ns=wall_ns,
+                    calls=main.get("calls", 0), ns=ns, helper_runq_ns=moved, raw=dict(main))
+
+
+def _median(values):
+    return statistics.median(values) if values else 0.0
+
+
+def separation(ranks, wait_def, exclude=()):
+    """(the rank that waits least, its wait share, the median of the others, gap) under wait_def."""
+    pool = [r for r in ranks if r.key not in exclude]
+    if len(pool) < 2:
+        return None
+    least = min(pool, key=lambda r: r.wait_share(wait_def))
+    others = [r.wait_share(wait_def) for r in pool if r is not least]
+    med = _median(others)
+    return least, least.wait_share(wait_def), med, med - least.wait_share(wait_def)
+
+
+def choose_wait(ranks, opts):
+    """'blocking' (peers are waited for in collectives / blocked) or 'enqueue' (also in sync):
+    the one under which the least-waiting rank stands out more (enqueue only by a margin)."""
+    blocking = separation(ranks, "blocking")
+    enqueue = separation(ranks, "enqueue")
+    if blocking is None or enqueue is None:
+        return "blocking"
+    return "enqueue" if enqueue[3] > blocking[3] + opts.enqueue_margin else "blocking"
+
+
+def consistent_share(candidate_key, slices, wait_def, min_gap):
+    """Share of the slices (lists of RankTime over short windows) in which the candidate waits at
+    least min_gap/2 less than the others' median."""
+    hits = total = 0
+    for ranks in slices:
+        mine = next((r for r in ranks if r.key == candidate_key), None)
+        others = [r.wait_share(wait_def) for r in ranks if r.key != candidate_key]
+        if mine is None or not others:
+            continue
+        total += 1
+        if _median(others) - mine.wait_share(wait_def) >= min_gap / 2:
+            hits += 1
+    return hits / total if total else 0.0
+
+
+@dataclass
+class Verdict:
+    stragglers: list = field(default_factory=list)   # [dict(rank=RankTime, wait, others_median, gap, consistency)]
+    wait_def: str = "blocking"
+    rejected: list = field(default_factory=list)     # [(RankTime, reason)]
+
+
+def find_stragglers(ranks, slices, opts, max_stragglers=2):
+    """The rank(s) that wait materially and consistently less than the others, ranked.
+
+    `ranks`: RankTime over the recent window, one per rank; `slices`: lists of RankTime over short
+    parts of it. A machine-wide change moves every rank's wait alike and names none."""
+    verdict = Verdict(wait_def=choose_wait(ranks, opts))
+    if len(ranks) < 2:
+        return verdict
+    rates = {r.key: r.calls / r.wall_ns for r in ranks if r.wall_ns}
+    named = []
+    for _ in range(max_stragglers):
+        sep = separation(ranks, verdict.wait_def, exclude=[s["rank"].key for s in named])
+        if sep is None:
+            break
+        least, wait, med, gap = sep
+        if named:   # a second one is compared with the ranks that are neither
+            rest = [r.wait_share(verdict.wait_def) for r in ranks
+                    if r.key != least.key and r.key not in {s["rank"].key for s in named}]
+            if not rest:
+                break
+            med = _median(rest)
+            gap = med - wait
+        if gap < opts.min_gap or wait > opts.max_wait_ratio * med:
+            if not named:
+                verdict.rejected.append((least, f"waits {wait:.0%} vs {med:.0%} median of the others: not materially less"))
+            break
+        consistency = consistent_share(least.key, slices, verdict.wait_def, opts.min_gap)
+        if slices and consistency < opts.consistency:
+            verdict.rejected.append((least, f"waits less only in {consistency:.0%} of the window's slices"))
+            break
+        other_rates = [v for k, v in rates.items() if k != least.key]
+        if other_rates and rates.get(least.key, 0) > opts.max_step_rate_ratio * _median(other_rates):
+            verdict.rejected.append((least, "calls CUDA far more often than the others: not in lockstep with them"))
+            break
+        named.append(dict(rank=least, wait=wait, others_median=med, gap=gap, consistency=consistency))
+    verdict.stragglers = named
+    return verdict
+
+
+def excess(straggler, others, wait_def):
+    """The straggler's components above the others' median (share of wall time), and the excess
+    its peers waited for it (the others' median wait minus its own)."""
+    own = [c for c in COMPONENTS if c not in WAIT_DEFS[wait_def]]
+    out = {}
+    for c in own:
+        med = _median([o.share(c) for o in others])
+        out[c] = max(0.0, straggler.share(c) - med)
+    total = _median([o.wait_share(wait_def) for o in others]) - straggler.wait_share(wait_def)
+    return out, max(total, 0.0)
+
+
+def thief_growth(recent, baseline, recent_s, baseline_s):
+    """Who held the straggler's CPU: {(kind, pid, comm): ns/s grown over the baseline} (the recent
+    rate when there is no baseline). `recent`/`baseline`: {(kind, pid, comm): ns}."""
+    out = {}
+    for key, ns in recent.items():
+        rate = ns / recent_s if recent_s > 0 else 0.0
+        base = (baseline.get(key, 0) / baseline_s) if baseline_s > 0 else 0.0
+        if rate - base > 0:
+            out[key] = rate - base
+    return out
+
+
+def split_runq(thieves):
+    """(own share, others share) of the run-queue excess from thief_growth: the trainer's own
+    threads and children vs everyone else."""
+    own = sum(v for (kind, _, _), v in thieves.items() if kind in OWN_KINDS)
+    other = sum(v for (kind, _, _), v in thieves.items() if kind not in OWN_KINDS)
+    total = own + other
+    if total <= 0:
+        return 0.0, 1.0
+    return own / total, other / total
+
+
+def classify_io(own_bytes_recent, own_bytes_base, others_bytes_recent, recent_s, base_s):
+    """io-other when other processes' block I/O dwarfs the trainer's own and the trainer's own did not
+    grow (it got slower, not bigger); else io-self."""
+    own_rate = own_bytes_recent / recent_s if recent_s > 0 else 0.0
+    base_rate = own_bytes_base / base_s if base_s > 0 else 0.0
+    others_rate = others_bytes_recent / recent_s if recent_s > 0 else 0.0
+    grew = own_rate > 1.5 * base_rate if base_s > 0 else True
+    if others_rate > 2 * own_rate and not grew:
+        return "io-other"
+    return "io-self"

@@ -1,0 +1,125 @@
+"""The SQL explain runs: every query GROUPs BY node, so the same text runs on a merged cluster.db
+(once) or on every node's own store through the fleet client (once per node, rows combined).
+Values computed from earlier answers (each rank's windows, the straggler's pid) are written into
+the later queries as literals, so each finding's SQL reproduces its numbers as it stands.
+Nothing here decides anything (model.py does), and no decision reads an SQL string."""
+
+THREAD_SUMS = """SUM(tt.calls) AS calls, SUM(tt.work_ns) AS work_ns, SUM(tt.sync_ns) AS sync_ns,
+       SUM(tt.coll_ns) AS coll_ns, SUM(tt.runq_ns) AS runq_ns, SUM(tt.runq_work_ns) AS runq_work_ns,
+       SUM(tt.runq_sync_ns) AS runq_sync_ns, SUM(tt.runq_coll_ns) AS runq_coll_ns,
+       SUM(tt.blocked_ns) AS blocked_ns, SUM(tt.io_ns) AS io_ns, COUNT(*) AS intervals"""
+
+
+def q(text):
+    return "'" + str(text).replace("'", "''") + "'"
+
+
+def lit(v):
+    return "NULL" if v is None else str(int(v)) if isinstance(v, (int, float)) else q(v)
+
+
+def values_cte(name, columns, rows):
+    """A CTE of literal rows."""
+    if not rows:
+        return f"{name}({', '.join(columns)}) AS (SELECT {', '.join('NULL' for _ in columns)} WHERE 0)"
+    values = ",\n    ".join("(" + ", ".join(lit(v) for v in r) + ")" for r in rows)
+    return f"{name}({', '.join(columns)}) AS (VALUES\n    {values}\n)"
+
+
+def spans(since_ns=None, until_ns=None):
+    """Each process that made traced calls: its rank and the span of intervals with calls."""
+    where = ["calls > 0"]
+    if since_ns is not None:
+        where.append(f"ts >= {int(since_ns)}")
+    if until_ns is not None:
+        where.append(f"ts < {int(until_ns)}")
+    return f"""
+SELECT node, pid, MIN(rank) AS rank, MIN(ts) AS first_ts, MAX(ts + interval_ns) AS last_ts,
+       MAX(interval_ns) AS interval_ns, SUM(calls) AS calls
+FROM thread_time
+WHERE {' AND '.join(where)}
+GROUP BY node, pid
+ORDER BY node, pid"""
+
+
+def win_cte(windows):
+    """win(node, pid, t0, tb, t1): each rank's window, its own baseline [t0, tb), the recent part [tb, t1)."""
+    return values_cte("win", ("node", "pid", "t0", "tb", "t1"), sorted(windows))
+
+
+def threads(windows):
+    """Every thread of each rank's process: thread_time summed over its baseline and recent part."""
+    return f"""
+WITH {win_cte(windows)}
+SELECT tt.node, tt.pid, tt.tid, MIN(tt.comm) AS comm,
+       CASE WHEN tt.ts < w.tb THEN 'baseline' ELSE 'recent' END AS part,
+       {THREAD_SUMS}
+FROM thread_time tt
+JOIN win w ON w.node = tt.node AND w.pid = tt.pid
+WHERE tt.ts >= w.t0 AND tt.ts < w.t1
+GROUP BY tt.node, tt.pid, tt.tid, part
+ORDER BY tt.node, tt.pid, tt.tid, part"""
+
+
+def slices(windows, slice_ns):
+    """The recent part cut into slices of slice_ns: thread_time summed per thread and slice."""
+    return f"""
+WITH {win_cte(windows)}
+SELECT tt.node, tt.pid, tt.tid, (tt.ts - w.tb) / {int(slice_ns)} AS slice,
+       {THREAD_SUMS}
+FROM thread_time tt
+JOIN win w ON w.node = tt.node AND w.pid = tt.pid
+WHERE tt.ts >= w.tb AND tt.ts < w.t1
+GROUP BY tt.node, tt.pid, tt.tid, slice
+ORDER BY tt.node, tt.pid, slice"""
+
+
+def thieves(windows, node, pid):
+    """Who held the CPU of one rank's threads while they waited in the run queue, by part."""
+    return f"""
+WITH {win_cte(windows)}
+SELECT tt.node, tt.pid, CASE WHEN tt.ts < w.tb THEN 'baseline' ELSE 'recent' END AS part,
+       json_extract(j.value, '$[0]') AS kind, json_extract(j.value, '$[1]') AS thief_pid,
+       json_extract(j.value, '$[2]') AS thief_comm, SUM(json_extract(j.value, '$[3]')) AS runq_ns,
+       COUNT(DISTINCT tt.tid) AS threads
+FROM thread_time tt
+JOIN win w ON w.node = tt.node AND w.pid = tt.pid, json_each(tt.thieves) j
+WHERE tt.node = {q(node)} AND tt.pid = {int(pid)} AND tt.thieves IS NOT NULL AND tt.ts >= w.t0 AND tt.ts < w.t1
+GROUP BY tt.node, tt.pid, part, kind, thief_pid, thief_comm
+ORDER BY part, runq_ns DESC"""
+
+
+def block_io(windows, node, pid):
+    """Block I/O on one rank's node in its window, by submitting process and part."""
+    return f"""
+WITH {win_cte(windows)}
+SELECT e.node, e.pid, e.comm, CASE WHEN e.ts < w.tb THEN 'baseline' ELSE 'recent' END AS part,
+       COUNT(*) AS requests, SUM(e.bytes) AS bytes, ROUND(AVG(e.duration), 1) AS mean_latency_ns,
+       e.pid = w.pid AS own
+FROM events e
+JOIN win w ON w.node = e.node AND w.pid = {int(pid)}
+WHERE e.node = {q(node)} AND e.source = 'block' AND e.ts >= w.t0 AND e.ts < w.t1
+GROUP BY e.node, e.pid, e.comm, part
+ORDER BY part, bytes DESC"""
+
+
+RANKS = """
+SELECT node, MIN(rank) AS rank, MAX(world_size) AS world_size, GROUP_CONCAT(DISTINCT pid) AS pids
+FROM processes
+WHERE rank IS NOT NULL
+GROUP BY node
+ORDER BY node"""
+
+INVENTORY = """
+SELECT node, COUNT(*) AS events, SUM(source IN ('cuda', 'driver', 'nccl')) AS calls,
+       SUM(source = 'sched') AS sched_events
+FROM events
+GROUP BY node
+ORDER BY node"""
+
+LOST = """
+SELECT node, SUM(count) AS lost_events
+FROM lost_events
+GROUP BY node
+HAVING SUM(count) > 0
+ORDER BY node"""

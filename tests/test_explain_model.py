@@ -1,0 +1,130 @@
+"""The step-time model and its rules (straggler.analysis.explain.model) on small hand-made tables:
+pure functions, no database. Each rule here was broken once to watch its test fail."""
+import pytest
+
+from straggler.analysis.explain import model
+
+S = 1_000_000_000
+OPTS = model.ModelOptions()
+
+
+def thread(tid, calls=100, **ns):
+    row = dict(tid=tid, comm=f"t{tid}", calls=calls, work_ns=0, sync_ns=0, coll_ns=0, runq_ns=0, runq_work_ns=0,
+               runq_sync_ns=0, runq_coll_ns=0, blocked_ns=0, io_ns=0)
+    row.update({k: int(v * S) for k, v in ns.items()})
+    return row
+
+
+def rank(node, *threads, wall=1.0, rank_no=None):
+    return model.rank_time((node, 100), list(threads), int(wall * S), rank_no)
+
+
+def healthy(node, wait=0.4, **extra):
+    """A rank that computes (host 0.3 s of 1 s, sync 0.2) and waits `wait` in its collective."""
+    return rank(node, thread(1, sync_ns=0.2, coll_ns=wait, **extra))
+
+
+def test_components_are_exclusive_and_host_is_the_rest():
+    t = thread(1, work_ns=0.1, sync_ns=0.2, coll_ns=0.3, runq_ns=0.15, runq_work_ns=0.05, blocked_ns=0.1, io_ns=0.05)
+    c = model.thread_components(t, S)
+    assert c["work"] == 0.05 * S            # its run-queue wait inside work calls is run queue, not work
+    assert c["runq"] == 0.15 * S
+    assert sum(c.values()) == S
+    assert c["host"] == pytest.approx(0.15 * S, abs=2)
+
+
+def test_the_calling_thread_is_the_one_with_most_call_time():
+    main = thread(7, sync_ns=0.5)
+    helper = thread(8, calls=0, runq_ns=0.2)
+    assert model.calling_thread([helper, main])["tid"] == 7
+    assert model.calling_thread([thread(9, calls=0)]) is None
+
+
+def test_waits_behind_its_own_helpers_run_queue_are_its_own_delay():
+    rt = rank("n1", thread(1, coll_ns=0.5, sync_ns=0.1), thread(2, calls=0, runq_ns=0.3))
+    assert rt.share("runq") == pytest.approx(0.3)
+    assert rt.share("coll") == pytest.approx(0.2)
+    assert rt.helper_runq_ns == 0.3 * S
+
+
+@pytest.mark.parametrize("component,cause", [("host_ns", "host"), ("runq_ns", "runq"), ("io_ns", "io")])
+def test_the_rank_that_waits_least_is_the_straggler_and_its_grown_part_is_the_excess(component, cause):
+    ranks = [healthy("n1"), healthy("n2"), healthy("n3")]
+    if component == "host_ns":   # host compute is the rest: it simply waits less
+        slow = rank("n4", thread(1, sync_ns=0.2, coll_ns=0.05))
+    else:
+        slow = rank("n4", thread(1, sync_ns=0.2, coll_ns=0.05, **{component: 0.35}))
+    ranks.append(slow)
+    verdict = model.find_stragglers(ranks, [], OPTS)
+    assert [s["rank"].key[0] for s in verdict.stragglers] == ["n4"]
+    ex, total = model.excess(slow, ranks[:3], verdict.wait_def)
+    assert total == pytest.approx(0.35)
+    assert max(ex, key=ex.get) == cause
+    assert ex[cause] == pytest.approx(0.35)
+
+
+def test_a_slow_gpu_shows_in_synchronize_with_blocking_collectives():
+    ranks = [healthy("n1"), healthy("n2"), healthy("n3"), rank("n4", thread(1, sync_ns=0.55, coll_ns=0.05))]
+    verdict = model.find_stragglers(ranks, [], OPTS)
+    assert verdict.wait_def == "blocking"
+    assert verdict.stragglers[0]["rank"].key[0] == "n4"
+    ex, _ = model.excess(ranks[3], ranks[:3], "blocking")
+    assert max(ex, key=ex.get) == "sync"
+
+
+def test_enqueue_style_collectives_wait_in_synchronize():
+    """NCCL on a GPU: collectives return at once, the waiters wait in the next synchronize."""
+    waiter = lambda n: rank(n, thread(1, sync_ns=0.6, coll_ns=0.001))
+    slow = rank("n4", thread(1, sync_ns=0.2, coll_ns=0.001))       # its host side took the time
+    ranks = [waiter("n1"), waiter("n2"), waiter("n3"), slow]
+    verdict = model.find_stragglers(ranks, [], OPTS)
+    assert verdict.wait_def == "enqueue"
+    assert verdict.stragglers[0]["rank"].key[0] == "n4"
+
+
+def test_a_machine_wide_load_step_names_no_one():
+    loaded = lambda n: rank(n, thread(1, sync_ns=0.2, coll_ns=0.3, runq_ns=0.2))
+    verdict = model.find_stragglers([loaded(f"n{i}") for i in range(4)], [], OPTS)
+    assert verdict.stragglers == []
+
+
+def test_a_small_difference_is_noise_not_a_straggler():
+    ranks = [healthy("n1", 0.40), healthy("n2", 0.42), healthy("n3", 0.38), healthy("n4", 0.34)]
+    verdict = model.find_stragglers(ranks, [], OPTS)
+    assert verdict.stragglers == [] and verdict.rejected
+
+
+def test_it_must_wait_less_in_most_slices_not_in_one_burst():
+    ranks = [healthy("n1"), healthy("n2"), healthy("n3"), healthy("n4", 0.05)]
+    burst = [[healthy("n1"), healthy("n2"), healthy("n3"), healthy("n4", 0.05 if i == 0 else 0.4)] for i in range(5)]
+    steady = [[healthy("n1"), healthy("n2"), healthy("n3"), healthy("n4", 0.05)] for _ in range(5)]
+    assert model.find_stragglers(ranks, burst, OPTS).stragglers == []
+    assert model.find_stragglers(ranks, steady, OPTS).stragglers[0]["rank"].key[0] == "n4"
+
+
+def test_two_slow_nodes_are_both_named_the_slower_first():
+    ranks = [healthy("n1", 0.5), healthy("n2", 0.5), healthy("n3", 0.3), healthy("n4", 0.02)]
+    verdict = model.find_stragglers(ranks, [], OPTS)
+    assert [s["rank"].key[0] for s in verdict.stragglers] == ["n4", "n3"]
+
+
+def test_a_rank_calling_far_more_often_is_not_in_lockstep():
+    ranks = [healthy("n1"), healthy("n2"), healthy("n3"),
+             rank("n4", thread(1, calls=1000, sync_ns=0.2, coll_ns=0.05))]
+    verdict = model.find_stragglers(ranks, [], OPTS)
+    assert verdict.stragglers == [] and "lockstep" in verdict.rejected[0][1]
+
+
+def test_run_queue_thieves_split_into_own_threads_and_others():
+    recent = {("own", 100, "worker"): 3 * S, ("process", 55, "cpuhog"): 1 * S, ("kernel", 9, "kworker/0"): 0}
+    baseline = {("own", 100, "worker"): 1 * S}
+    growth = model.thief_growth(recent, baseline, 10.0, 10.0)
+    assert growth == {("own", 100, "worker"): pytest.approx(0.2 * S), ("process", 55, "cpuhog"): pytest.approx(0.1 * S)}
+    own, other = model.split_runq(growth)
+    assert own == pytest.approx(2 / 3) and other == pytest.approx(1 / 3)
+
+
+def test_io_is_another_process_only_when_its_io_dwarfs_the_trainers_and_the_trainers_did_not_grow():
+    assert model.classify_io(1 << 20, 1 << 20, 100 << 20, 10, 10) == "io-other"
+    assert model.classify_io(50 << 20, 1 << 20, 100 << 20, 10, 10) == "io-self"   # its own I/O grew 50x
+    assert model.classify_io(1 << 20, 1 << 20, 1 << 20, 10, 10) == "io-self"
