@@ -37,8 +37,8 @@ OWN_KINDS = ("own",)            # thread_time.thieves kinds that are the trainer
 
 @dataclass
 class ModelOptions:
-    min_gap: float = 0.08        # the straggler waits at least this share of wall time less than the others' median
-    max_wait_ratio: float = 0.7  # ... and at most this fraction of the others' median wait
+    min_gap: float = 0.15        # the straggler waits at least this share of wall time less than the others' median
+    max_wait_ratio: float = 0.5  # ... and at most this fraction of the others' median wait
     consistency: float = 0.6     # ... in at least this share of the window's slices
     min_cause_share: float = 0.1 # a cause finding needs at least this share of the straggler's excess
     enqueue_margin: float = 0.02 # counting sync as waiting must separate the ranks by this much more
@@ -96,7 +96,9 @@ def rank_time(key, threads, wall_ns, rank=None, calling_tid=None):
     if main is None or wall_ns <= 0:
         return None
     ns = thread_components(main, wall_ns)
-    helper_runq = sum(t.get("runq_ns", 0) for t in threads if t is not main)
+    # the calling thread waits for one helper at a time (its communication thread, say): the most any
+    # one helper sat in the run queue, not their sum (many threads queue at once on few cores)
+    helper_runq = max((t.get("runq_ns", 0) for t in threads if t is not main), default=0)
     # its waits that its own helpers' run-queue time accounts for are its own delay, not peers'
     waited = ns["coll"] + ns["blocked"]
     moved = min(helper_runq, waited)
