@@ -98,7 +98,9 @@ def test_the_top_cause_is_cpu_contention_by_the_checkpoint_writer_named_as_a_wri
     who = top["summary"].split("who held it", 1)[1].split(":", 1)[1]
     assert who.strip().startswith("ckpt-writer (pid"), text
     assert "a writer:" in who.split(";")[0], text
-    assert "pt_main_thread" not in who and "gloo_tcp_loop" not in who, text
+    for part in who.split(";"):     # another rank's trainer threads may run on this shared machine: never with a pid
+        if "gloo" in part or "pt_main_thread" in part:
+            assert "outside this agent's scope" in part and "(pid" not in part, text
 
 
 def test_healthy_nodes_are_not_named(field_case):
