@@ -101,8 +101,6 @@ class ThreadTime:
             return "idle"
         if prev_tgid == tgid:
             return "own"
-        if not flags & PREV_IN_SCOPE:
-            return "outside"
         key = (prev_tgid, prev_comm)
         info = self._kind_cache.get(key)
         if info is None:
@@ -112,7 +110,9 @@ class ThreadTime:
                 self._kind_cache.clear()
             self._kind_cache[key] = info
         if info[0]:
-            return "kernel"
+            return "kernel"          # kernel threads are in no namespace's scope: kernel work, not "outside"
+        if not flags & PREV_IN_SCOPE:
+            return "outside"
         if info[1] == tgid:
             return "own"
         return "process"
