@@ -3,7 +3,9 @@
 `build_standin(out_dir)` compiles standin.c with gcc into three small shared libraries that
 export the real symbol names and C signatures of libcuda.so.1 (driver API), libcudart.so.12
 (runtime API) and libnccl.so.2 (NCCL collectives), with bodies of known, configurable
-duration (see the top of standin.c: STRAGGLER_STANDIN_{LAUNCH,ALLOC,COPY,SYNC,NCCL}_US).
+duration (see the top of standin.c: STRAGGLER_STANDIN_{LAUNCH,ALLOC,COPY,SYNC,NCCL}_US), and,
+when asked (STRAGGLER_STANDIN_KERNEL_US, _CONTROL, _NCCL_ROOT, _NCCL_MODE), a per-process
+"device" queue and a real cross-process NCCL collective over TCP (straggler.demo.syncjob).
 They are not NVIDIA code and touch no GPU; the agent traces them exactly as it would trace
 the real libraries: by path and symbol name. `build_workload(out_dir)` compiles a small C
 program that loads them and calls every traced function with known arguments.
@@ -74,8 +76,9 @@ def build_standin(out_dir) -> str:
         gcc = _gcc()
         with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
             for name, define in LIBRARIES.items():
-                _compile([gcc, "-O2", "-g", "-shared", "-fPIC", f"-D{define}", f"-Wl,-soname,{name}",
-                          "-o", os.path.join(tmp, name), str(LIBRARY_SOURCE)], name)
+                # -pthread -ldl: the device thread (libcuda) and the dlopen of it (libcudart, libnccl)
+                _compile([gcc, "-O2", "-g", "-Wall", "-shared", "-fPIC", f"-D{define}", f"-Wl,-soname,{name}",
+                          "-o", os.path.join(tmp, name), str(LIBRARY_SOURCE), "-pthread", "-ldl"], name)
             for name in LIBRARIES:
                 os.replace(os.path.join(tmp, name), out_dir / name)
             (out_dir / ".standin-libs.hash").write_text(want + "\n")

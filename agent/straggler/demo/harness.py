@@ -1,0 +1,559 @@
+"""A real synchronous job with ONE real fault on one rank, over a running test bed, for the
+diagnosis tests: did the agents' data find the straggler?
+
+    from straggler.demo.harness import SyncJobHarness
+    h = SyncJobHarness(bed, out_dir)             # bed: a tests/testbed.py Testbed (gpu-node-01..04)
+    h.start_agents()                             # `straggler trace --scope netns` on every host
+    result = h.run_case("host-compute", rank=0)  # -> CaseResult (valid: the fault did slow the job)
+    ... the agents' databases: result.agent_dbs[host], times comparable with result.t_fault_ns ...
+    h.close()                                    # the job, the fault processes, the agents
+
+The job is straggler.demo.syncjob, one rank per host (rank i on hosts[i], pinned to CPU i % 2),
+its collectives real (over TCP through rank 0, in the stand-in libnccl), so a slow rank makes
+every rank wait. All the hosts share one kernel: CLOCK_MONOTONIC is the same in every
+namespace, so the case's times (time.monotonic_ns()) compare directly with the events' `ts`.
+
+Faults (FAULTS), applied to the straggler rank's host for fault_s after a clean warm-up:
+  none             nothing (the control case)
+  cpu-hog          a process `cpuhog` on the straggler's host: CPU_HOG_THREADS threads pinned to
+                   the rank's CPU, at nice CPU_HOG_NICE (threads and its session's autogroup)
+  self-contention  the rank's own process starts SELF_THREADS spinning threads (control file)
+  host-compute     HOST_MS more ms of host compute per step (control file)
+  gpu-slow         its kernels take GPU_FACTOR x their device time (control file, read by the stand-in)
+  io-self          IO_SELF_MB written + fdatasync'ed per step by the rank itself (control file)
+  io-other         a process `diskhog` on its host (O_DIRECT writes + fdatasync, same file system as
+                   the job dir) while the rank writes IO_OTHER_MB + fdatasync per step for the
+                   whole case, warm-up included
+  load-all         a `cpuhog` on EVERY host (LOAD_ALL_THREADS thread each, unpinned, nice 0): a
+                   machine-wide load step, every node alike
+Processes in the hosts run in sessions of their own and are stopped by process group; close()
+leaves nothing behind. Every wait is bounded.
+"""
+import argparse
+import csv
+import os
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_STRAGGLER_BIN = REPO_ROOT / ".venv" / "bin" / "straggler"
+BASE_PORT = 29640            # rank 0's port: BASE_PORT + the case number (no reuse within a harness)
+STEP_SKIP_S = 2.0            # the first seconds of the warm-up and of the fault window are not counted
+VALID_SLOWDOWN = 1.3         # a fault case counts only when it slowed the job at least this much
+NONE_MAX_SLOWDOWN = 1.15     # ... and the control case only when it did not move more than this
+
+# Every rank leads a session of its own, at this autogroup nice: like the demo's job, so that
+# load from outside the test (other sessions at nice 0) does not drown the case.
+JOB_NICE = -10
+
+# fault sizes (measured on the 2-core test machine with the four agents tracing: `python -m
+# straggler.demo.harness` runs every fault once and prints the slowdowns)
+CPU_HOG_THREADS = 2
+CPU_HOG_NICE_BELOW_JOB = 5   # cpuhog's nice (threads and autogroup) = job nice - 5: above the trainer
+SELF_THREADS = 3
+HOST_MS = 8
+GPU_FACTOR = 5
+IO_SELF_MB = 16
+IO_OTHER_MB = 1
+DISK_HOG_THREADS = 4
+DISK_HOG_CHUNK_MB = 16
+LOAD_ALL_THREADS = 1
+
+FAULTS = ("none", "cpu-hog", "self-contention", "host-compute", "gpu-slow", "io-self", "io-other", "load-all")
+
+
+class HarnessError(RuntimeError):
+    """The harness could not run a case: one line, what and where to look."""
+
+
+@dataclass
+class CaseResult:
+    """One case. Times are CLOCK_MONOTONIC ns (the same clock as the agents' events' ts).
+
+    rank/node: the straggler rank and its host (None for "none" and "load-all": no straggler).
+    step_ms_before / step_ms_during: per rank, the median step time over the warm-up (after its
+    first 2 s) and over the fault window (after its first 2 s). slowdown: the job's, the median
+    over ranks of during/before. valid: the case did what it is for (reason says why not, or
+    states the slowdown)."""
+    fault: str
+    style: str
+    rank: object
+    node: object
+    t_start_ns: int
+    t_fault_ns: int
+    t_fault_end_ns: int
+    t_end_ns: int
+    step_ms_before: dict
+    step_ms_during: dict
+    slowdown: float
+    valid: bool
+    reason: str
+    agent_dbs: dict = field(default_factory=dict)
+    rank_nodes: dict = field(default_factory=dict)   # rank -> host name
+    case_dir: str = ""
+    steps: dict = field(default_factory=dict)        # rank -> steps logged
+
+
+def judge(fault, slowdown):
+    """(valid, reason) of a case from its job-wide slowdown."""
+    if slowdown != slowdown:  # NaN: no steps to compare
+        return False, "no steps to compare (the job logged nothing in the warm-up or in the fault window)"
+    text = f"x{slowdown:.2f}"
+    if fault == "none":
+        if slowdown < NONE_MAX_SLOWDOWN:
+            return True, f"the job stayed steady: {text}"
+        return False, f"the job slowed down without a fault: {text} (the machine is busy?)"
+    if fault == "load-all":
+        return True, f"machine-wide load: the job went {text}"
+    if slowdown >= VALID_SLOWDOWN:
+        return True, f"the fault slowed the job: {text}"
+    return False, f"the fault did not slow the job: {text}"
+
+
+def read_steps(path):
+    """[(t_end_mono_ns, step_ms), ...] of a syncjob step log (empty if missing)."""
+    rows = []
+    try:
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                try:
+                    rows.append((int(row["t_end_mono_ns"]), float(row["step_ms"])))
+                except (KeyError, TypeError, ValueError):
+                    continue  # a line being written
+    except OSError:
+        pass
+    return rows
+
+
+def step_stats(rows, t_start_ns, t_fault_ns, t_fault_end_ns, skip_s=STEP_SKIP_S):
+    """(median step ms before, median during) from one rank's rows; NaN where no step falls in."""
+    skip = int(skip_s * 1e9)
+    before = [ms for t, ms in rows if t_start_ns + skip < t <= t_fault_ns]
+    during = [ms for t, ms in rows if t_fault_ns + skip < t <= t_fault_end_ns]
+    nan = float("nan")
+    return (statistics.median(before) if before else nan, statistics.median(during) if during else nan)
+
+
+def _write_atomic(path, text):
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _group_alive(pgid):
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+class _Proc:
+    """A process we started in a host, in a session (process group) of its own."""
+
+    def __init__(self, kind, host, popen, log_path):
+        self.kind, self.host, self.popen, self.log_path = kind, host, popen, log_path
+        self.pgid = popen.pid  # start_new_session: it leads its own group
+
+    def alive(self):
+        return self.popen.poll() is None
+
+    def signal(self, sig):
+        try:
+            os.killpg(self.pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def tail(self, lines=3):
+        try:
+            text = Path(self.log_path).read_text(errors="replace")
+        except OSError:
+            return ""
+        return " | ".join(text.strip().splitlines()[-lines:])
+
+
+def stop_procs(procs, grace_s, sig=signal.SIGTERM, kill_wait_s=15.0):
+    """Signal each group, wait (bounded) for all of them, SIGKILL what is left, wait again."""
+    for proc in procs:
+        if proc.alive():
+            proc.signal(sig)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    left = [p for p in procs if p.alive() or _group_alive(p.pgid)]
+    for proc in left:
+        proc.signal(signal.SIGKILL)
+    deadline = time.monotonic() + kill_wait_s
+    for proc in left:
+        try:
+            proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    while time.monotonic() < deadline and any(_group_alive(p.pgid) for p in left):
+        time.sleep(0.1)
+    return [p for p in procs if p.alive() or _group_alive(p.pgid)]
+
+
+class SyncJobHarness:
+    """The synchronous job, its faults and the agents on a running test bed `bed`.
+
+    out_dir: everything goes there (it must be visible from the hosts: under /tmp, not /var/tmp):
+    standin/ (the stand-in libraries, built once), agents/<host>.db and .log, cases/<name>/
+    (step logs steps-rank<R>.csv, control files, each process's log)."""
+
+    def __init__(self, bed, out_dir, hosts=None, style="blocking", straggler_bin=DEFAULT_STRAGGLER_BIN,
+                 job_nice=JOB_NICE):
+        if style not in ("blocking", "enqueue"):
+            raise ValueError(f"style must be blocking or enqueue, not {style!r}")
+        self.bed = bed
+        self.out = Path(out_dir).resolve()
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.hosts = list(hosts or sorted(bed.hosts))
+        self.style = style
+        self.straggler_bin = str(straggler_bin)
+        self.job_nice = job_nice
+        self.agents = {}        # host -> _Proc
+        self.agent_dbs = {}     # host -> db path
+        self.job = []           # _Proc of the ranks of the running case
+        self.fault_procs = []   # _Proc of the running case's cpuhog/diskhog
+        self.n_cases = 0
+        self.standin_dir = self.out / "standin"
+        self._built = False
+
+    # ---------------------------------------------------------------- helpers
+    def _env(self):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(REPO_ROOT / "agent") + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["PYTHONUNBUFFERED"] = "1"
+        for key in list(env):  # the ranks set their own identity and stand-in settings
+            if key.startswith("STRAGGLER_STANDIN_") or key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "STRAGGLER_SYNCJOB_EXEC"):
+                del env[key]
+        return env
+
+    def _popen(self, kind, host, argv, log_path):
+        log = open(log_path, "w")
+        try:
+            popen = self.bed.popen(host, [str(a) for a in argv], stdin=subprocess.DEVNULL, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True, cwd=str(REPO_ROOT),
+                                   env=self._env())
+        finally:
+            log.close()
+        return _Proc(kind, host, popen, log_path)
+
+    def _build(self):
+        if not self._built:
+            from straggler.standin import build_standin
+            build_standin(self.standin_dir)  # once here, not by four ranks at the same time
+            self._built = True
+
+    # ---------------------------------------------------------------- agents
+    def start_agents(self, extra_args=(), ready_timeout_s=120.0):
+        """`straggler trace --scope netns --interval 1 --db OUT/agents/<host>.db --node <host>` on
+        every host (root), stderr into OUT/agents/<host>.log; returns when every one printed its
+        ready line ("straggler: tracing"), bounded."""
+        agents_dir = self.out / "agents"
+        agents_dir.mkdir(exist_ok=True)
+        for host in self.hosts:
+            if host in self.agents and self.agents[host].alive():
+                continue
+            db = agents_dir / f"{host}.db"
+            argv = [self.straggler_bin, "trace", "--scope", "netns", "--interval", "1", "--db", db, "--node", host,
+                    *extra_args]
+            self.agents[host] = self._popen("agent", host, argv, agents_dir / f"{host}.log")
+            self.agent_dbs[host] = str(db)
+        deadline = time.monotonic() + ready_timeout_s
+        waiting = set(self.hosts)
+        while waiting:
+            for host in sorted(waiting):
+                agent = self.agents[host]
+                try:
+                    text = Path(agent.log_path).read_text(errors="replace")
+                except OSError:
+                    text = ""
+                if "straggler: tracing" in text:
+                    waiting.discard(host)
+                elif not agent.alive():
+                    raise HarnessError(f"the agent on {host} exited ({agent.popen.returncode}) before tracing: "
+                                       f"{agent.tail()} (see {agent.log_path})")
+            if waiting and time.monotonic() > deadline:
+                raise HarnessError(f"agents on {', '.join(sorted(waiting))} not tracing after {ready_timeout_s:.0f}s: "
+                                   f"see {agents_dir}/*.log")
+            if waiting:
+                time.sleep(0.5)
+        return dict(self.agent_dbs)
+
+    def stop_agents(self, grace_s=60.0):
+        """SIGTERM (they flush and detach their probes: that can take 10+ s), then SIGKILL."""
+        procs = list(self.agents.values())
+        self.agents = {}
+        left = stop_procs(procs, grace_s, kill_wait_s=30.0)
+        if left:
+            raise HarnessError(f"agents on {', '.join(p.host for p in left)} survived SIGKILL "
+                               f"(pids {', '.join(str(p.pgid) for p in left)})")
+
+    def _agents_see_uprobes(self):
+        for host in self.agents:
+            try:
+                conn = sqlite3.connect(f"file:{self.agent_dbs[host]}?mode=ro", uri=True, timeout=1.0)
+                try:
+                    (count,) = conn.execute("SELECT count(*) FROM probes WHERE name LIKE 'uprobe%'").fetchone()
+                finally:
+                    conn.close()
+            except sqlite3.Error:
+                return False
+            if not count:
+                return False
+        return True
+
+    # ---------------------------------------------------------------- a case
+    def run_case(self, fault, rank=0, warmup_s=8.0, fault_s=12.0, name=None, ready_timeout_s=120.0):
+        """Run the job with `fault` on rank `rank` (see FAULTS); returns a CaseResult."""
+        if fault not in FAULTS:
+            raise ValueError(f"unknown fault {fault!r}: one of {', '.join(FAULTS)}")
+        if not 0 <= rank < len(self.hosts):
+            raise ValueError(f"rank {rank} is not in 0..{len(self.hosts) - 1}")
+        self._build()
+        self.n_cases += 1
+        name = name or f"{self.n_cases:02d}-{fault}-{self.style}-rank{rank}"
+        case_dir = self.out / "cases" / name
+        case_dir.mkdir(parents=True, exist_ok=True)
+        stop_file = case_dir / "STOP"
+        if stop_file.exists():
+            stop_file.unlink()
+        world = len(self.hosts)
+        controls = {r: case_dir / f"control-rank{r}" for r in range(world)}
+        base = {r: "" for r in range(world)}
+        if fault == "io-other":
+            base[rank] = f"io_mb={IO_OTHER_MB}\n"
+        for r, path in controls.items():
+            _write_atomic(path, base[r])
+        port = BASE_PORT + self.n_cases
+        root = f"{self.bed.hosts[self.hosts[0]]}:{port}"
+        limit_s = warmup_s + fault_s + ready_timeout_s + 60
+        try:
+            for r, host in enumerate(self.hosts):
+                argv = [sys.executable, "-m", "straggler.demo.syncjob", "--rank", r, "--world", world, "--root", root,
+                        "--style", self.style, "--standin-dir", self.standin_dir, "--seconds", limit_s,
+                        "--stop-file", stop_file, "--log", case_dir / f"steps-rank{r}.csv",
+                        "--control", controls[r], "--cpu", r % 2, "--job-dir", case_dir]
+                if self.job_nice is not None:
+                    argv += ["--autogroup-nice", self.job_nice]
+                self.job.append(self._popen("rank", host, argv, case_dir / f"rank{r}.log"))
+            self._wait_ready(case_dir, ready_timeout_s)
+            t_start = time.monotonic_ns()
+            self._sleep(warmup_s, case_dir)
+            t_fault = time.monotonic_ns()
+            try:
+                self._apply(fault, rank, controls, base, case_dir, fault_s)
+                self._sleep(fault_s, case_dir)
+            finally:
+                t_fault_end = time.monotonic_ns()
+                self._remove(controls, base)
+            self._stop_job(stop_file)
+            t_end = time.monotonic_ns()
+        finally:
+            self._remove(controls, base)
+            self._stop_job(stop_file)
+        before, during, steps = {}, {}, {}
+        for r in range(world):
+            rows = read_steps(case_dir / f"steps-rank{r}.csv")
+            steps[r] = len(rows)
+            before[r], during[r] = step_stats(rows, t_start, t_fault, t_fault_end)
+        ratios = [during[r] / before[r] for r in range(world) if before[r] == before[r] and during[r] == during[r]
+                  and before[r] > 0]
+        slowdown = statistics.median(ratios) if len(ratios) == world else float("nan")
+        valid, reason = judge(fault, slowdown)
+        straggler = fault not in ("none", "load-all")
+        return CaseResult(fault=fault, style=self.style, rank=rank if straggler else None,
+                          node=self.hosts[rank] if straggler else None, t_start_ns=t_start, t_fault_ns=t_fault,
+                          t_fault_end_ns=t_fault_end, t_end_ns=t_end, step_ms_before=before, step_ms_during=during,
+                          slowdown=slowdown, valid=valid, reason=reason, agent_dbs=dict(self.agent_dbs),
+                          rank_nodes=dict(enumerate(self.hosts)), case_dir=str(case_dir), steps=steps)
+
+    def _apply(self, fault, rank, controls, base, case_dir, fault_s):
+        host = self.hosts[rank]
+        hogs = [sys.executable, "-m", "straggler.demo.hogs"]
+        bound = fault_s + 60  # the hogs stop by themselves too
+        job_nice = self.job_nice or 0
+        if fault == "cpu-hog":
+            argv = hogs + ["cpu", "--threads", CPU_HOG_THREADS, "--cpu", rank % 2,
+                           "--nice", max(-20, job_nice - CPU_HOG_NICE_BELOW_JOB), "--seconds", bound]
+            self.fault_procs.append(self._popen("cpuhog", host, argv, case_dir / f"cpuhog-{host}.log"))
+        elif fault == "load-all":
+            for h in self.hosts:  # unpinned, at the job's own priority
+                argv = hogs + ["cpu", "--threads", LOAD_ALL_THREADS, "--nice", job_nice, "--seconds", bound]
+                self.fault_procs.append(self._popen("cpuhog", h, argv, case_dir / f"cpuhog-{h}.log"))
+        elif fault == "io-other":
+            argv = hogs + ["disk", "--dir", case_dir, "--threads", DISK_HOG_THREADS, "--chunk-mb", DISK_HOG_CHUNK_MB,
+                           "--seconds", bound]
+            self.fault_procs.append(self._popen("diskhog", host, argv, case_dir / f"diskhog-{host}.log"))
+        elif fault != "none":
+            line = {"self-contention": f"threads={SELF_THREADS}", "host-compute": f"host_ms={HOST_MS}",
+                    "gpu-slow": f"gpu_factor={GPU_FACTOR}", "io-self": f"io_mb={IO_SELF_MB}"}[fault]
+            _write_atomic(controls[rank], base[rank] + line + "\n")
+
+    def _remove(self, controls, base):
+        if self.fault_procs:
+            stop_procs(self.fault_procs, grace_s=10.0)
+            self.fault_procs = []
+        for r, path in controls.items():
+            try:
+                if path.read_text() != base[r]:
+                    _write_atomic(path, base[r])
+            except OSError:
+                pass
+
+    def _check_job(self, case_dir):
+        dead = [p for p in self.job if not p.alive()]
+        if dead:
+            raise HarnessError(f"rank(s) on {', '.join(p.host for p in dead)} exited early: "
+                               + "; ".join(f"{p.host}: {p.tail()}" for p in dead) + f" (see {case_dir})")
+
+    def _wait_ready(self, case_dir, timeout_s):
+        """Every rank logged steps and every agent's store lists uprobes (bounded)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._check_job(case_dir)
+            counts = [len(read_steps(case_dir / f"steps-rank{r}.csv")) for r in range(len(self.hosts))]
+            if min(counts) >= 5 and self._agents_see_uprobes():
+                return
+            if time.monotonic() > deadline:
+                raise HarnessError(f"the job was not ready after {timeout_s:.0f}s: steps per rank {counts}, agents "
+                                   f"with uprobes: {self._agents_see_uprobes()} (see {case_dir}, {self.out / 'agents'})")
+            time.sleep(0.5)
+
+    def _sleep(self, seconds, case_dir):
+        end = time.monotonic() + seconds
+        while True:
+            self._check_job(case_dir)
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(0.5, left))
+
+    def _stop_job(self, stop_file, timeout_s=20.0):
+        """The stop file first (the ranks stop together at their next step), then TERM/KILL."""
+        if not self.job:
+            return
+        try:
+            stop_file.touch()
+        except OSError:
+            pass
+        deadline = time.monotonic() + timeout_s
+        for proc in self.job:
+            try:
+                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        stop_procs(self.job, grace_s=5.0)
+        self.job = []
+
+    # ---------------------------------------------------------------- the end
+    def close(self):
+        """Stop the job, the fault processes and the agents (idempotent)."""
+        try:
+            if self.job:
+                stop_procs(self.job, grace_s=5.0)
+                self.job = []
+            if self.fault_procs:
+                stop_procs(self.fault_procs, grace_s=5.0)
+                self.fault_procs = []
+        finally:
+            if self.agents:
+                self.stop_agents()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# ---------------------------------------------------------------- the CLI: every fault once
+
+def build_arg_parser():
+    p = argparse.ArgumentParser(prog="python -m straggler.demo.harness",
+                                description="Bring up a test bed, start the agents, run each fault once, print the "
+                                            "slowdowns, tear everything down.")
+    p.add_argument("--testbed-id", type=int, default=245, help="test bed id (default 245)")
+    p.add_argument("--out", default="/tmp/straggler-harness", help="output directory (under /tmp)")
+    p.add_argument("--faults", default=",".join(FAULTS), help="comma-separated, default all")
+    p.add_argument("--style", choices=["blocking", "enqueue"], default="blocking")
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--warmup-s", type=float, default=8.0)
+    p.add_argument("--fault-s", type=float, default=12.0)
+    p.add_argument("--no-agents", action="store_true", help="the job and faults only")
+    p.add_argument("--job-nice", type=int, default=JOB_NICE, help=f"the ranks' autogroup nice (default {JOB_NICE})")
+    p.add_argument("--repeat", type=int, default=1, help="run the list of faults this many times")
+    return p
+
+
+def main(argv=None):
+    args = build_arg_parser().parse_args(argv)
+    faults = [f.strip() for f in args.faults.split(",") if f.strip()]
+    for f in faults:
+        if f not in FAULTS:
+            print(f"harness: unknown fault {f!r}: {', '.join(FAULTS)}", file=sys.stderr)
+            return 2
+    from straggler.demo.run import load_testbed_module
+    testbed = load_testbed_module()
+    lock = testbed.TestbedLock(args.testbed_id)
+    if not lock.try_acquire():
+        print(f"harness: test bed id {args.testbed_id} is in use (pid {lock.holder()})", file=sys.stderr)
+        return 2
+
+    def on_term(_signum, _frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, on_term)
+    bed = harness = None
+    rc = 0
+    try:
+        bed = testbed.up(hosts=4, dead=0, testbed_id=args.testbed_id, _lock_held=True)
+        harness = SyncJobHarness(bed, args.out, style=args.style, job_nice=args.job_nice)
+        if not args.no_agents:
+            t0 = time.monotonic()
+            harness.start_agents()
+            print(f"agents tracing after {time.monotonic() - t0:.0f}s", flush=True)
+        for fault in faults * max(1, args.repeat):
+            t0 = time.monotonic()
+            r = harness.run_case(fault, rank=args.rank, warmup_s=args.warmup_s, fault_s=args.fault_s)
+            per_rank = " ".join(f"r{k}:{r.step_ms_before[k]:.1f}->{r.step_ms_during[k]:.1f}" for k in sorted(r.step_ms_before))
+            print(f"{fault:16s} {args.style:8s} slowdown x{r.slowdown:.2f} valid={r.valid} ({r.reason}) "
+                  f"[{per_rank}] {time.monotonic() - t0:.0f}s", flush=True)
+            rc = rc or (0 if r.valid else 1)
+    except KeyboardInterrupt:
+        rc = 130
+    except HarnessError as exc:
+        print(f"harness: error: {exc}", file=sys.stderr)
+        rc = 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            if harness is not None:
+                harness.close()
+        finally:
+            if bed is not None:
+                for attempt in range(6):
+                    try:
+                        testbed.down(bed.id, bed.state_dir, _lock_held=True)
+                        break
+                    except testbed.TestbedError as exc:
+                        print(f"harness: test bed not down yet: {exc}", file=sys.stderr)
+                        time.sleep(10)
+            lock.release()
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

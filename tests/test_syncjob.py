@@ -1,0 +1,334 @@
+"""The synchronous job on the stand-in (straggler.demo.syncjob) and its harness.
+
+Fast, without eBPF or the test bed: two ranks on 127.0.0.1 run in lockstep through a REAL
+allreduce (the stand-in libnccl over TCP), in both NCCL styles; a fault on one rank slows both
+(the job is synchronous); the stand-in's defaults are untouched (no device thread).
+One eBPF test runs SyncJobHarness on the test bed: one real fault, the agents' stores per host.
+"""
+import csv
+import os
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+ENV = dict(os.environ, PYTHONPATH=str(REPO / "agent"), PYTHONUNBUFFERED="1")
+for _key in list(ENV):
+    if _key.startswith("STRAGGLER_STANDIN_") or _key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "STRAGGLER_SYNCJOB_EXEC"):
+        del ENV[_key]
+
+_next_port = [29700 + (os.getpid() % 200) * 4]
+
+
+def free_port():
+    _next_port[0] += 1
+    return _next_port[0]
+
+
+@pytest.fixture(scope="module")
+def standin_dir(tmp_path_factory):
+    from straggler.standin import build_standin
+    lib_dir = tmp_path_factory.mktemp("standin")
+    build_standin(lib_dir)
+    return lib_dir
+
+
+class Job:
+    """Two (or N) ranks of syncjob on 127.0.0.1, each with its own control file and log."""
+
+    def __init__(self, tmp_path, standin_dir, style="blocking", world=2, seconds=20, check=True, controls=None):
+        self.dir = tmp_path
+        self.world = world
+        self.stop_file = tmp_path / "STOP"
+        self.procs = []
+        port = free_port()
+        controls = controls or {}
+        for r in range(world):
+            control = tmp_path / f"control-{r}"
+            control.write_text(controls.get(r, ""))
+            argv = [PYTHON, "-m", "straggler.demo.syncjob", "--rank", str(r), "--world", str(world),
+                    "--root", f"127.0.0.1:{port}", "--style", style, "--standin-dir", str(standin_dir),
+                    "--seconds", str(seconds), "--stop-file", str(self.stop_file), "--log", str(self.log(r)),
+                    "--control", str(control), "--cpu", str(r % os.cpu_count())]
+            if check:
+                argv.append("--check")
+            self.procs.append(subprocess.Popen(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                               text=True, start_new_session=True))
+
+    def log(self, r):
+        return self.dir / f"steps-{r}.csv"
+
+    def control(self, r, text):
+        tmp = self.dir / f"control-{r}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, self.dir / f"control-{r}")
+
+    def rows(self, r):
+        try:
+            with open(self.log(r), newline="") as f:
+                return [row for row in csv.DictReader(f) if row.get("coll_call_ms")]
+        except OSError:
+            return []
+
+    def wait_steps(self, n, timeout_s=30):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(len(self.rows(r)) >= n for r in range(self.world)):
+                return
+            for p in self.procs:
+                assert p.poll() is None, f"a rank exited early: {p.communicate()[0][-2000:]}"
+            time.sleep(0.1)
+        raise AssertionError(f"not {n} steps in {timeout_s}s: {[len(self.rows(r)) for r in range(self.world)]}")
+
+    def stop(self, timeout_s=20):
+        self.stop_file.touch()
+        outs = []
+        for p in self.procs:
+            try:
+                out, _ = p.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                out, _ = p.communicate(timeout=10)
+            outs.append(out)
+        return outs
+
+    def kill(self):
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)
+
+
+def median_of(rows, key, t_from=None, t_to=None):
+    vals = [float(r[key]) for r in rows
+            if (t_from is None or int(r["t_end_mono_ns"]) > t_from) and (t_to is None or int(r["t_end_mono_ns"]) <= t_to)]
+    assert vals, f"no steps between {t_from} and {t_to}"
+    return statistics.median(vals)
+
+
+@pytest.mark.parametrize("style", ["blocking", "enqueue"])
+def test_two_ranks_step_in_lockstep_and_the_allreduce_sums(tmp_path, standin_dir, style):
+    job = Job(tmp_path, standin_dir, style=style)
+    try:
+        job.wait_steps(60)
+        outs = job.stop()
+    finally:
+        job.kill()
+    for r, p in enumerate(job.procs):
+        assert p.returncode == 0, outs[r][-2000:]
+        assert "STAND-IN" in outs[r]
+    steps = [[int(row["step"]) for row in job.rows(r)] for r in range(2)]
+    assert steps[0] == steps[1] == list(range(1, len(steps[0]) + 1))  # the same steps, every one
+    assert len(steps[0]) >= 60
+    # ~6 ms of device time per step (20 kernels x 300 us): the step cannot be shorter
+    assert median_of(job.rows(0), "step_ms") >= 5.5
+    for r in range(2):
+        assert not list(tmp_path.glob(f"io-rank{r}.bin"))
+
+
+def test_a_one_rank_job_and_a_rank_that_cannot_join(tmp_path, standin_dir):
+    """World 1 needs no peer (--max-steps bounds it); a rank whose rank 0 never comes fails to
+    join within STRAGGLER_STANDIN_NCCL_TIMEOUT_S and says so (exit 3), it does not hang."""
+    port = free_port()
+    proc = subprocess.run([PYTHON, "-m", "straggler.demo.syncjob", "--rank", "0", "--world", "1", "--root",
+                           f"127.0.0.1:{port}", "--standin-dir", str(standin_dir), "--seconds", "1", "--log",
+                           str(tmp_path / "s.csv"), "--check", "--max-steps", "20"],
+                          env=ENV, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(list(csv.DictReader(open(tmp_path / "s.csv")))) == 20
+    env = dict(ENV, STRAGGLER_STANDIN_NCCL_TIMEOUT_S="2")
+    proc = subprocess.run([PYTHON, "-m", "straggler.demo.syncjob", "--rank", "1", "--world", "2", "--root",
+                           f"127.0.0.1:{free_port()}", "--standin-dir", str(standin_dir), "--seconds", "5", "--log",
+                           str(tmp_path / "t.csv")], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3
+    assert "could not join rank 0" in proc.stderr and "ncclCommInitRank" in proc.stderr
+
+
+@pytest.mark.parametrize("fault", ["host_ms=20", "gpu_factor=3"])
+def test_a_fault_on_one_rank_slows_every_rank(tmp_path, standin_dir, fault):
+    job = Job(tmp_path, standin_dir, style="blocking")
+    try:
+        job.wait_steps(80)
+        t_fault = time.monotonic_ns()
+        job.control(1, fault + "\n")
+        time.sleep(1.5)
+        outs = job.stop()
+    finally:
+        job.kill()
+    for r, p in enumerate(job.procs):
+        assert p.returncode == 0, outs[r][-2000:]
+    settle = t_fault + 300_000_000
+    for r in range(2):
+        before = median_of(job.rows(r), "step_ms", t_to=t_fault)
+        after = median_of(job.rows(r), "step_ms", t_from=settle)
+        # x2-3 on a quiet machine; this 2-core VM's CPU speed itself varies by up to x1.7
+        assert after >= 1.5 * before, f"rank {r}: {before:.1f} -> {after:.1f} ms/step with {fault} on rank 1"
+    # the rank without the fault waits for the other one inside the collective (blocking style)
+    assert median_of(job.rows(0), "coll_call_ms", t_from=settle) >= 3.0
+
+
+@pytest.mark.parametrize("style", ["blocking", "enqueue"])
+def test_enqueue_returns_at_once_blocking_waits_in_the_call(tmp_path, standin_dir, style):
+    job = Job(tmp_path, standin_dir, style=style, controls={1: "host_ms=20\n"})
+    try:
+        job.wait_steps(40)
+        outs = job.stop()
+    finally:
+        job.kill()
+    for r, p in enumerate(job.procs):
+        assert p.returncode == 0, outs[r][-2000:]
+    rows = job.rows(0)[5:]
+    call = median_of(rows, "coll_call_ms")
+    step = median_of(rows, "step_ms")
+    assert step >= 12  # rank 1's 20 ms (of CPU time) of host compute sets the pace of both
+    if style == "enqueue":
+        assert call < 0.5, f"enqueue: ncclAllReduce took {call:.2f} ms in the call"
+    else:
+        assert call >= 5, f"blocking: ncclAllReduce took only {call:.2f} ms while rank 1 is ~20 ms late"
+
+
+def test_sigterm_on_one_rank_stops_both_cleanly_and_faults_are_cleaned_up(tmp_path, standin_dir):
+    job = Job(tmp_path, standin_dir, style="enqueue", controls={0: "io_mb=0.5\nthreads=2\n"})
+    try:
+        job.wait_steps(20)
+        pid0 = job.procs[0].pid
+        comms = {Path(f"/proc/{pid0}/task/{tid}/comm").read_text().strip() for tid in os.listdir(f"/proc/{pid0}/task")}
+        assert {"syncjob", "syncjob-spin", "standin-gpu"} <= comms
+        assert (tmp_path / "io-rank0.bin").exists()
+        environ = Path(f"/proc/{pid0}/environ").read_bytes().split(b"\0")
+        assert b"RANK=0" in environ and b"WORLD_SIZE=2" in environ
+        job.procs[1].send_signal(signal.SIGTERM)
+        outs = [p.communicate(timeout=20)[0] for p in job.procs]
+    finally:
+        job.kill()
+    assert [p.returncode for p in job.procs] == [0, 0], outs
+    assert "signal 15" in outs[1]
+    assert [row["step"] for row in job.rows(0)] == [row["step"] for row in job.rows(1)]
+    assert not (tmp_path / "io-rank0.bin").exists()
+
+
+STANDIN_DEFAULTS = textwrap.dedent("""
+    import ctypes, os, sys, time
+    d = sys.argv[1]
+    cuda = ctypes.CDLL(os.path.join(d, "libcuda.so.1"))
+    rt = ctypes.CDLL(os.path.join(d, "libcudart.so.12"))
+    nccl = ctypes.CDLL(os.path.join(d, "libnccl.so.2"))
+    cuda.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    for _ in range(10):
+        cuda.cuLaunchKernel(None, 1, 1, 1, 1, 1, 1, 0, None, None, None)
+    t0 = time.monotonic_ns(); rt.cudaStreamSynchronize(None); sync = time.monotonic_ns() - t0
+    nccl.ncclAllReduce.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_size_t, ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 2
+    t0 = time.monotonic_ns(); rc = nccl.ncclAllReduce(None, None, 10, 7, 0, ctypes.c_void_p(0xc033), None)
+    coll = time.monotonic_ns() - t0
+    print(len(os.listdir("/proc/self/task")), sync // 1000, coll // 1000, rc)
+""")
+
+
+def test_standin_defaults_unchanged_no_device_thread(standin_dir):
+    """Without the new variables: no thread, the same call durations as before."""
+    proc = subprocess.run([PYTHON, "-c", STANDIN_DEFAULTS, str(standin_dir)], env=ENV, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    threads, sync_us, coll_us, rc = map(int, proc.stdout.split())
+    assert threads == 1
+    assert 100 <= sync_us < 5000       # STRAGGLER_STANDIN_SYNC_US default 100
+    assert 200 <= coll_us < 5000 and rc == 0  # a made-up communicator: the plain 200 us sleep
+
+
+COLLECTIVES = textwrap.dedent("""
+    import ctypes, os, sys
+    d, rank, world = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    for n in ("libcuda.so.1", "libcudart.so.12"):
+        ctypes.CDLL(os.path.join(d, n))
+    nccl = ctypes.CDLL(os.path.join(d, "libnccl.so.2"))
+    class Id(ctypes.Structure):
+        _fields_ = [("internal", ctypes.c_char * 128)]
+    uid = Id(); assert nccl.ncclGetUniqueId(ctypes.byref(uid)) == 0
+    comm = ctypes.c_void_p()
+    nccl.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, Id, ctypes.c_int]
+    assert nccl.ncclCommInitRank(ctypes.byref(comm), world, uid, rank) == 0
+    n = ctypes.c_int(); nccl.ncclCommCount(comm, ctypes.byref(n)); assert n.value == world
+    V = ctypes.c_void_p
+    sig7 = [V, V, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, V, V]
+    nccl.ncclAllReduce.argtypes = sig7; nccl.ncclReduceScatter.argtypes = sig7; nccl.ncclBroadcast.argtypes = sig7
+    nccl.ncclAllGather.argtypes = [V, V, ctypes.c_size_t, ctypes.c_int, V, V]
+    I32, F64 = ctypes.c_int32 * 6, ctypes.c_double * 6
+    s = I32(*[rank + 1 + i for i in range(6)]); out = I32()
+    assert nccl.ncclAllReduce(s, out, 6, 2, 2, comm, None) == 0          # int32 max
+    assert list(out) == [world + i for i in range(6)], list(out)
+    s = F64(*[float(rank + 1)] * 6); out = F64()
+    assert nccl.ncclAllReduce(s, out, 6, 8, 4, comm, None) == 0          # float64 avg
+    assert list(out) == [(world + 1) / 2] * 6, list(out)
+    s = I32(*[100 * rank + i for i in range(6)]); out = I32()
+    assert nccl.ncclBroadcast(s, out, 6, 2, world - 1, comm, None) == 0  # from the last rank
+    assert list(out) == [100 * (world - 1) + i for i in range(6)], list(out)
+    s = (ctypes.c_int32 * 2)(rank, -rank); out = (ctypes.c_int32 * (2 * world))()
+    assert nccl.ncclAllGather(s, out, 2, 2, comm, None) == 0
+    assert list(out) == [v for r in range(world) for v in (r, -r)], list(out)
+    s = (ctypes.c_float * (2 * world))(*[1.0] * (2 * world)); out = (ctypes.c_float * 2)()
+    assert nccl.ncclReduceScatter(s, out, 2, 7, 0, comm, None) == 0
+    assert list(out) == [float(world)] * 2, list(out)
+    assert nccl.ncclAllReduce(s, out, 2, 6, 0, comm, None) == 4          # float16 is not reduced: invalid argument
+    assert nccl.ncclCommDestroy(comm) == 0
+    print("ok", rank)
+""")
+
+
+@pytest.mark.parametrize("mode", ["blocking", "enqueue"])
+def test_standin_collectives_move_real_data(tmp_path, standin_dir, mode):
+    env = dict(ENV, STRAGGLER_STANDIN_NCCL_ROOT=f"127.0.0.1:{free_port()}", STRAGGLER_STANDIN_NCCL_MODE=mode,
+               STRAGGLER_STANDIN_NCCL_TIMEOUT_S="20")
+    if mode == "enqueue":  # enqueued: the result is there once the device is drained
+        script = COLLECTIVES.replace("== 0          #", "== 0 and rt.cudaDeviceSynchronize() == 0 #")
+        script = script.replace("assert nccl.ncclBroadcast(s, out, 6, 2, world - 1, comm, None) == 0",
+                                "assert nccl.ncclBroadcast(s, out, 6, 2, world - 1, comm, None) == 0 and rt.cudaDeviceSynchronize() == 0")
+        script = script.replace("assert nccl.ncclAllGather(s, out, 2, 2, comm, None) == 0",
+                                "assert nccl.ncclAllGather(s, out, 2, 2, comm, None) == 0 and rt.cudaDeviceSynchronize() == 0")
+        script = script.replace("assert nccl.ncclReduceScatter(s, out, 2, 7, 0, comm, None) == 0",
+                                "assert nccl.ncclReduceScatter(s, out, 2, 7, 0, comm, None) == 0 and rt.cudaDeviceSynchronize() == 0")
+        script = script.replace('for n in ("libcuda.so.1", "libcudart.so.12"):\n    ctypes.CDLL(os.path.join(d, n))',
+                                'ctypes.CDLL(os.path.join(d, "libcuda.so.1")); rt = ctypes.CDLL(os.path.join(d, "libcudart.so.12"))')
+    else:
+        script = COLLECTIVES
+    procs = [subprocess.Popen([PYTHON, "-c", script, str(standin_dir), str(r), "3"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(3)]
+    try:
+        outs = [p.communicate(timeout=60)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    assert [o.split()[-2:] for o in outs] == [["ok", str(r)] for r in range(3)]
+
+
+# ---------------------------------------------------------------- the harness on the test bed
+
+@pytest.mark.bpf
+def test_harness_finds_a_real_slowdown_and_every_agent_stores_its_rank(testbed, tmp_path):
+    from straggler.demo.harness import SyncJobHarness
+    harness = SyncJobHarness(testbed, tmp_path / "harness")
+    try:
+        harness.start_agents()
+        result = harness.run_case("host-compute", rank=0, warmup_s=6, fault_s=8)
+    finally:
+        harness.close()
+    assert result.valid, f"{result.reason}: before {result.step_ms_before} during {result.step_ms_during}"
+    assert result.node == "gpu-node-01" and result.rank == 0
+    assert result.t_start_ns < result.t_fault_ns < result.t_fault_end_ns <= result.t_end_ns
+    for rank, host in result.rank_nodes.items():
+        conn = sqlite3.connect(f"file:{result.agent_dbs[host]}?mode=ro", uri=True)
+        try:
+            (rows,) = conn.execute("SELECT count(*) FROM events WHERE node = ? AND rank = ?", (host, rank)).fetchone()
+        finally:
+            conn.close()
+        assert rows > 0, f"{host}: no events of rank {rank}"
