@@ -1,7 +1,7 @@
 """Synthetic node databases for tests and benchmarks: a synchronous training job on N nodes,
 one database per node as the agent would write it (WAL, schema from store/schema.py).
 
-Scenarios (the shapes follow /work/shared/notes/demo.md, measured on this machine):
+Scenarios (shapes measured on a 2-core test VM):
 - `clean`: every rank steps at ~20 ms; run-queue wait summed over the trainer's four threads is
   ~30 % of wall time on every node (many threads, few cores), nothing else.
 - `io_cpu`: from `interference_start` on, one node's trainer shares its core with a checkpoint

@@ -1,7 +1,7 @@
 """The demo's culprit: a checkpoint writer that runs beside the trainer on one node, the way
 training scripts save checkpoints (serialise, compress, write, fsync), and slows it down.
 
-What makes it hurt on this machine (measured, ../shared/notes/demo.md): zlib compression in
+What makes it hurt on this machine (measured on a 2-core test VM): zlib compression in
 3 threads (zlib releases the GIL, so the three really compete for the CPU), about 100 MB
 written per checkpoint with an fsync, in a loop, pinned to the same CPU as that node's
 trainer (--cpu). A plain dd loop, or a single compressing thread, barely slows the job.

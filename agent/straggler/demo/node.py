@@ -4,7 +4,7 @@ Runs inside the host (the orchestrator starts it there through the test bed, in 
 its own), and starts, as its children:
 - torchrun for this node's rank (`--nnodes N --node_rank R --nproc_per_node 1`), with
   GLOO_SOCKET_IFNAME set to the host's interface (without it gloo binds to loopback inside
-  the namespace and the ranks cannot connect: ../shared/notes/demo.md);
+  the namespace and the ranks cannot connect);
 - when --writer-trigger is given: the checkpoint writer, once that file appears (the job's
   checkpoint hook kicking in), pinned with --writer-cpu. By default it gets a session (a
   scheduling autogroup) of its own, like a separate service; --writer-session job keeps it in

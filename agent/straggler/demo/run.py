@@ -41,7 +41,7 @@ DEFAULT_TESTBED_ID = 42
 MASTER_PORT = 29500
 # The test bed shares one 2-core machine with whatever else runs on it (other users, CI). Each
 # host's job runs in a session of its own, and so does gpu-node-01's checkpoint writer (a
-# separate service, as in ../shared/notes/demo.md); all of them get the same, larger CPU share
+# separate service, as measured on a 2-core test VM); all of them get the same, larger CPU share
 # (autogroup nice) so that outside load does not drown the scenario: measured x1.1-1.2 at
 # nice 0 under a load average of 5-10, x2.6-2.9 at nice -10. Between the job's sessions and
 # the writer's it changes nothing: they keep equal weights.
