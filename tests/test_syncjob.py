@@ -322,6 +322,7 @@ def test_harness_finds_a_real_slowdown_and_every_agent_stores_its_rank(testbed, 
         result = harness.run_case("host-compute", rank=0, warmup_s=6, fault_s=8)
     finally:
         harness.close()
+    assert harness.leftovers() == [], "processes of the harness left behind"
     assert result.valid, f"{result.reason}: before {result.step_ms_before} during {result.step_ms_during}"
     assert result.node == "gpu-node-01" and result.rank == 0
     assert result.t_start_ns < result.t_fault_ns < result.t_fault_end_ns <= result.t_end_ns

@@ -15,17 +15,23 @@ namespace, so the case's times (time.monotonic_ns()) compare directly with the e
 
 Faults (FAULTS), applied to the straggler rank's host for fault_s after a clean warm-up:
   none             nothing (the control case)
-  cpu-hog          a process `cpuhog` on the straggler's host: CPU_HOG_THREADS threads pinned to
-                   the rank's CPU, at nice CPU_HOG_NICE (threads and its session's autogroup)
+  cpu-hog          a process `cpuhog` on the straggler's host: CPU_HOG_THREADS spinning threads
+                   pinned to the rank's CPU, at a higher priority than the trainer (nice, of its
+                   threads and of its session's autogroup, CPU_HOG_NICE_BELOW_JOB below the job's)
   self-contention  the rank's own process starts SELF_THREADS spinning threads (control file)
   host-compute     HOST_MS more ms of host compute per step (control file)
   gpu-slow         its kernels take GPU_FACTOR x their device time (control file, read by the stand-in)
   io-self          IO_SELF_MB written + fdatasync'ed per step by the rank itself (control file)
-  io-other         a process `diskhog` on its host (O_DIRECT writes + fdatasync, same file system as
-                   the job dir) while the rank writes IO_OTHER_MB + fdatasync per step for the
-                   whole case, warm-up included
-  load-all         a `cpuhog` on EVERY host (LOAD_ALL_THREADS thread each, unpinned, nice 0): a
-                   machine-wide load step, every node alike
+  io-other         a process `diskhog` on its host (DISK_HOG_THREADS writers of DISK_HOG_CHUNK_MB,
+                   O_DIRECT + fdatasync, on the file system of the job dir) while the rank writes
+                   IO_OTHER_MB + fdatasync per step for the whole case, warm-up included
+  load-all         a `cpuhog` on EVERY host (LOAD_ALL_THREADS thread each, unpinned, at the job's own
+                   priority): a machine-wide load step, every node alike
+The ranks run at autogroup nice JOB_NICE (each leads a session of its own), like the demo's job,
+so that load from outside the test does not drown the case.
+Note: the machine has 2 cores for 4 ranks (rank i on CPU i % 2), so ranks 0 and 2 (1 and 3)
+share a core: a fault that takes CPU from a rank's core (cpu-hog, self-contention, host-compute)
+also takes some from the rank that shares it, on another host.
 Processes in the hosts run in sessions of their own and are stopped by process group; close()
 leaves nothing behind. Every wait is bounded.
 """
@@ -55,9 +61,9 @@ JOB_NICE = -10
 # fault sizes (measured on the 2-core test machine with the four agents tracing: `python -m
 # straggler.demo.harness` runs every fault once and prints the slowdowns)
 CPU_HOG_THREADS = 2
-CPU_HOG_NICE_BELOW_JOB = 5   # cpuhog's nice (threads and autogroup) = job nice - 5: above the trainer
-SELF_THREADS = 3
-HOST_MS = 8
+CPU_HOG_NICE_BELOW_JOB = 10  # cpuhog's nice (threads and autogroup) = job nice - 10: above the trainer
+SELF_THREADS = 5
+HOST_MS = 16
 GPU_FACTOR = 5
 IO_SELF_MB = 16
 IO_OTHER_MB = 1
@@ -472,6 +478,21 @@ class SyncJobHarness:
         finally:
             if self.agents:
                 self.stop_agents()
+
+    def leftovers(self):
+        """Pids of live processes whose command line names this harness's out_dir (none after close())."""
+        mark = str(self.out).encode()
+        pids = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if mark in f.read():
+                        pids.append(int(entry))
+            except OSError:
+                continue
+        return pids
 
     def __enter__(self):
         return self

@@ -5,12 +5,13 @@
         [--job-dir D] [--max-steps N] [--autogroup-nice N]
 
 Each step, in the main thread: 20 x cuLaunchKernel (the stand-in spins 20 us on the host per
-launch and gives each kernel 300 us of device time: about 6 ms of GPU work), host compute (a
-busy loop of about 2 ms in Python, outside any CUDA call), cudaStreamSynchronize, then
-ncclAllReduce of 1024 float32 on a communicator of ncclCommInitRank: the stand-in does a REAL
+launch and gives each kernel 300 us of device time: about 6 ms of GPU work; these are the
+defaults of STRAGGLER_STANDIN_LAUNCH_US / _KERNEL_US, with _SYNC_US=0, unless the environment
+sets them), host compute (a busy loop of about 2 ms of CPU time in Python, outside any CUDA
+call), cudaStreamSynchronize, then ncclAllReduce of 1024 float32 (its last element carries the
+stop vote, below) on a communicator of ncclCommInitRank: the stand-in does a REAL
 allreduce over TCP through rank 0 (STRAGGLER_STANDIN_NCCL_ROOT=--root), so one late rank makes
-every rank wait. --style blocking: the call waits for the result (as NCCL_BLOCKING-style
-collectives seen from the host); enqueue: the collective goes on the stand-in's device queue
+every rank wait. --style blocking: the call waits for the result; enqueue: the collective goes on the stand-in's device queue
 and the call returns at once, as real NCCL does on a GPU; a last cudaStreamSynchronize then
 ends the step when the collective is done.
 
@@ -26,7 +27,8 @@ file is the stand-in's STRAGGLER_STANDIN_CONTROL), one `key=value` a line:
 Step log (--log, one line per step, flushed): rank,step,t_end_mono_ns,step_ms,coll_call_ms
 (t_end_mono_ns: CLOCK_MONOTONIC, time.monotonic_ns(); coll_call_ms: the time inside the
 ncclAllReduce call itself). The ranks stop together: every allreduce carries a stop vote (the
-stop file, --seconds or a SIGTERM on any rank), so they all log the same steps and exit 0.
+stop file, --seconds, --max-steps or a SIGTERM/SIGINT on any rank), so they all log the same
+steps and exit 0 (3: an NCCL failure, e.g. a peer gone; 4: a wrong sum with --check).
 --check verifies the allreduce's sum every step (exit 4 otherwise).
 
 The process shows the torchrun identity (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR,
@@ -65,6 +67,14 @@ def set_thread_name(name):
         ctypes.CDLL(None).prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def _comm_of(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "gone"
 
 
 # ---------------------------------------------------------------- the fault control file
@@ -297,10 +307,12 @@ def _exec_with_identity(args, argv):
     want = {
         "RANK": str(args.rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(args.world),
         "MASTER_ADDR": addr.strip("[]"), "MASTER_PORT": port,
-        "STRAGGLER_STANDIN_LAUNCH_US": str(LAUNCH_US), "STRAGGLER_STANDIN_KERNEL_US": str(KERNEL_US),
-        "STRAGGLER_STANDIN_SYNC_US": "0", "STRAGGLER_STANDIN_NCCL_MODE": args.style,
-        "STRAGGLER_STANDIN_NCCL_ROOT": args.root,
+        "STRAGGLER_STANDIN_NCCL_MODE": args.style, "STRAGGLER_STANDIN_NCCL_ROOT": args.root,
     }
+    # the stand-in's call durations: these defaults unless the environment sets them
+    for key, value in (("STRAGGLER_STANDIN_LAUNCH_US", LAUNCH_US), ("STRAGGLER_STANDIN_KERNEL_US", KERNEL_US),
+                       ("STRAGGLER_STANDIN_SYNC_US", 0)):
+        want[key] = os.environ.get(key) or str(value)
     if args.control:
         want["STRAGGLER_STANDIN_CONTROL"] = os.path.abspath(args.control)
     else:
@@ -321,12 +333,17 @@ def _exec_with_identity(args, argv):
 
 
 def run(args):
+    set_thread_name("syncjob")  # the threads started from here on inherit the name
     stop = {"signal": None}
+    # SIGTERM/SIGINT: blocked in every thread (the ones started later inherit the mask) and taken
+    # by one waiting thread, which says who sent it; the next step's stop vote ends the job
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
 
-    def on_signal(signum, _frame):
-        stop["signal"] = signum
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    def wait_signal():
+        info = signal.sigwaitinfo({signal.SIGTERM, signal.SIGINT})
+        stop["sender"] = f"pid {info.si_pid} ({_comm_of(info.si_pid)})"
+        stop["signal"] = info.si_signo
+    threading.Thread(target=wait_signal, name="signals", daemon=True).start()
 
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})  # before the libraries: the stand-in's device thread inherits it
@@ -336,7 +353,6 @@ def run(args):
                 f.write(str(args.autogroup_nice))
         except OSError as exc:
             print(f"syncjob rank {args.rank}: autogroup nice not set: {exc}", file=sys.stderr, flush=True)
-    set_thread_name("syncjob")
     from straggler.standin import build_standin  # the stand-in's builder only (no agent code)
     build_standin(args.standin_dir)
     gpu = Gpu(args.standin_dir)
@@ -404,7 +420,7 @@ def run(args):
             t_step = t_end
             if recv[COUNT - 1] > 0:  # some rank voted to stop: everyone stops after this step
                 break
-        why = (f"signal {stop['signal']}" if stop["signal"] is not None else "stop vote")
+        why = (f"signal {stop['signal']} from {stop.get('sender')}" if stop["signal"] is not None else "stop vote")
         print(f"syncjob rank {args.rank}: {step} steps in {time.monotonic() - t_start:.1f}s, stopped ({why})",
               file=sys.stderr, flush=True)
         return 0
