@@ -112,7 +112,22 @@ static __always_inline int call_entry(struct pt_regs *ctx, u16 sym, u16 op, int 
     u32 d = cs->depth;
     if (d >= MAX_DEPTH)
         d = 0;  /* stale frames (calls that never returned, e.g. a longjmp): start over */
-    struct frame *f = &cs->f[d & (MAX_DEPTH - 1)];
+    /* A call nested in a traced one (runtime -> driver) runs deeper in the stack. A frame at or below
+     * this call's stack pointer belongs to a call that returned without its uretprobe firing (the
+     * agent attached while it was in progress, or a longjmp): drop it, or this thread would look
+     * forever "inside" that call and none of its calls would be outermost again. */
+    u64 sp = PT_REGS_SP(ctx);
+#pragma unroll
+    for (int i = 0; i < MAX_DEPTH; i++) {
+        if (d == 0 || cs->f[(d - 1) & (MAX_DEPTH - 1)].sp > sp)
+            break;
+        d--;
+    }
+    /* the compiler knows d < MAX_DEPTH and drops a mask; the verifier does not: launder it */
+    volatile u32 depth_v = d;
+    d = depth_v & (MAX_DEPTH - 1);
+    struct frame *f = &cs->f[d];
+    f->sp = sp;
     f->op = op;
     f->sym = sym;
     f->epoch = cs->epoch;

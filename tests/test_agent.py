@@ -556,8 +556,10 @@ class TestSampledNetns:
 
     def test_database_stays_under_max_db(self, agent_b, launcher_b, standin):
         calls = 80_000
+        # paced over ~3 s, so the flood spans several of the agent's 1 s intervals: retention drops its
+        # oldest whole intervals (rows and aggregates) while the newest are still being written
         flood = start_child_workload(launcher_b, standin, "--mode", "launch", "--iterations", str(calls),
-                                     "--hold-ms", "300", env={"STRAGGLER_STANDIN_LAUNCH_US": "0"})
+                                     "--rate", "27000", "--hold-ms", "300", env={"STRAGGLER_STANDIN_LAUNCH_US": "0"})
         largest = 0
         done = Path(f"{flood.base}.rc")
         deadline = time.monotonic() + 300

@@ -8,7 +8,8 @@ diagnosis tests: did the agents' data find the straggler?
     ... the agents' databases: result.agent_dbs[host], times comparable with result.t_fault_ns ...
     h.close()                                    # the job, the fault processes, the agents
 
-The job is straggler.demo.syncjob, one rank per host (rank i on hosts[i], pinned to CPU i % 2),
+The job is straggler.demo.syncjob, one rank per host (rank i on hosts[i]; the faulted rank pinned
+to CPU 0 alone, the others to CPU 1: see cpu_of),
 its collectives real (over TCP through rank 0, in the stand-in libnccl), so a slow rank makes
 every rank wait. All the hosts share one kernel: CLOCK_MONOTONIC is the same in every
 namespace, so the case's times (time.monotonic_ns()) compare directly with the events' `ts`.
@@ -29,9 +30,11 @@ Faults (FAULTS), applied to the straggler rank's host for fault_s after a clean 
                    priority): a machine-wide load step, every node alike
 The ranks run at autogroup nice JOB_NICE (each leads a session of its own), like the demo's job,
 so that load from outside the test does not drown the case.
-Note: the machine has 2 cores for 4 ranks (rank i on CPU i % 2), so ranks 0 and 2 (1 and 3)
-share a core: a fault that takes CPU from a rank's core (cpu-hog, self-contention, host-compute)
-also takes some from the rank that shares it, on another host.
+The hosts share the machine's 2 cores: the faulted rank has CPU 0 to itself and the others share
+CPU 1, so a fault that takes CPU from the faulted rank's core (a pinned hog) does not also slow a
+healthy rank on another "host" (a test-bed artefact a real fleet does not have).
+After a case the harness waits (bounded) until every agent has written the case's last interval,
+so the stores hold the whole fault window (an agent's writes lag under a disk hog).
 Processes in the hosts run in sessions of their own and are stopped by process group; close()
 leaves nothing behind. Every wait is bounded.
 """
@@ -104,6 +107,47 @@ class CaseResult:
     rank_nodes: dict = field(default_factory=dict)   # rank -> host name
     case_dir: str = ""
     steps: dict = field(default_factory=dict)        # rank -> steps logged
+
+
+# the cause class explain should give first for each fault (None: no straggler at all)
+EXPECTED_CAUSE = {"none": None, "load-all": None, "cpu-hog": "cpu-contention", "self-contention": "self-contention",
+                  "host-compute": "host-compute", "gpu-slow": "gpu-slow", "io-self": "io-self", "io-other": "io-other"}
+SETTLE_NS = 2_000_000_000    # the first seconds of the warm-up and of the fault are not steady state
+
+
+def diagnose(case, out_dir):
+    """explain over a case: the four agents' stores merged (the real merge) into OUT/<name>.db, the
+    warm-up as the baseline and the fault window as the recent part. Returns the Report."""
+    from ..analysis import explain
+    from ..analysis.merge import merge
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = Path(case.case_dir).name or case.fault
+    db = out_dir / f"{name}.db"
+    if db.exists():
+        db.unlink()
+    merge(sorted(case.agent_dbs.values()), str(db))
+    report = explain.explain_db(str(db), since_ns=case.t_start_ns + SETTLE_NS, recent_from_ns=case.t_fault_ns + SETTLE_NS,
+                                until_ns=case.t_fault_end_ns)
+    (out_dir / f"{name}-explain.txt").write_text(report.to_text(show_sql=False, width=120))
+    return report
+
+
+def score(case, report):
+    """(node right, cause right) of a report for a case."""
+    from ..analysis.explain import CAUSE_CLASSES
+    expected = EXPECTED_CAUSE[case.fault]
+    if expected is None:
+        return report.straggler is None, report.straggler is None
+    node_ok = report.stragglers == [case.node]
+    causes = [f for f in report.findings if f.node == case.node and f.cause in CAUSE_CLASSES]
+    top = max(causes, key=lambda f: f.share, default=None)
+    return node_ok, bool(node_ok and top is not None and top.cause == expected)
+
+
+def cpu_of(r, faulted_rank):
+    """The CPU rank r is pinned to: the faulted rank alone on CPU 0, the others on CPU 1."""
+    return 0 if r == faulted_rank else 1
 
 
 def judge(fault, slowdown):
@@ -352,7 +396,7 @@ class SyncJobHarness:
                 argv = [sys.executable, "-m", "straggler.demo.syncjob", "--rank", r, "--world", world, "--root", root,
                         "--style", self.style, "--standin-dir", self.standin_dir, "--seconds", limit_s,
                         "--stop-file", stop_file, "--log", case_dir / f"steps-rank{r}.csv",
-                        "--control", controls[r], "--cpu", r % 2, "--job-dir", case_dir]
+                        "--control", controls[r], "--cpu", cpu_of(r, rank), "--job-dir", case_dir]
                 if self.job_nice is not None:
                     argv += ["--autogroup-nice", self.job_nice]
                 self.job.append(self._popen("rank", host, argv, case_dir / f"rank{r}.log"))
@@ -368,6 +412,7 @@ class SyncJobHarness:
                 self._remove(controls, base)
             self._stop_job(stop_file)
             t_end = time.monotonic_ns()
+            self._wait_agents_wrote(t_fault_end)
         finally:
             self._remove(controls, base)
             self._stop_job(stop_file)
@@ -393,7 +438,7 @@ class SyncJobHarness:
         bound = fault_s + 60  # the hogs stop by themselves too
         job_nice = self.job_nice or 0
         if fault == "cpu-hog":
-            argv = hogs + ["cpu", "--threads", CPU_HOG_THREADS, "--cpu", rank % 2,
+            argv = hogs + ["cpu", "--threads", CPU_HOG_THREADS, "--cpu", cpu_of(rank, rank),
                            "--nice", max(-20, job_nice - CPU_HOG_NICE_BELOW_JOB), "--seconds", bound]
             self.fault_procs.append(self._popen("cpuhog", host, argv, case_dir / f"cpuhog-{host}.log"))
         elif fault == "load-all":
@@ -419,6 +464,26 @@ class SyncJobHarness:
                     _write_atomic(path, base[r])
             except OSError:
                 pass
+
+    def _wait_agents_wrote(self, t_ns, timeout_s=60.0):
+        """Until every agent's store has an interval that ends after t_ns (bounded; no error: a lagging
+        agent's store is reported by explain as missing that part)."""
+        deadline = time.monotonic() + timeout_s
+        pending = set(self.agents)
+        while pending and time.monotonic() < deadline:
+            for host in list(pending):
+                try:
+                    conn = sqlite3.connect(f"file:{self.agent_dbs[host]}?mode=ro", uri=True, timeout=1.0)
+                    try:
+                        (last,) = conn.execute("SELECT MAX(ts + interval_ns) FROM thread_time").fetchone()
+                    finally:
+                        conn.close()
+                except sqlite3.Error:
+                    continue
+                if last is not None and last >= t_ns:
+                    pending.discard(host)
+            if pending:
+                time.sleep(0.5)
 
     def _check_job(self, case_dir):
         dead = [p for p in self.job if not p.alive()]
