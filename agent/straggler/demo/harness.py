@@ -9,7 +9,7 @@ diagnosis tests: did the agents' data find the straggler?
     h.close()                                    # the job, the fault processes, the agents
 
 The job is straggler.demo.syncjob, one rank per host (rank i on hosts[i]; the faulted rank pinned
-to CPU 0 alone, the others to CPU 1: see cpu_of),
+to CPU 0, the others not pinned: see cpu_of),
 its collectives real (over TCP through rank 0, in the stand-in libnccl), so a slow rank makes
 every rank wait. All the hosts share one kernel: CLOCK_MONOTONIC is the same in every
 namespace, so the case's times (time.monotonic_ns()) compare directly with the events' `ts`.
@@ -30,9 +30,9 @@ Faults (FAULTS), applied to the straggler rank's host for fault_s after a clean 
                    priority): a machine-wide load step, every node alike
 The ranks run at autogroup nice JOB_NICE (each leads a session of its own), like the demo's job,
 so that load from outside the test does not drown the case.
-The hosts share the machine's 2 cores: the faulted rank has CPU 0 to itself and the others share
-CPU 1, so a fault that takes CPU from the faulted rank's core (a pinned hog) does not also slow a
-healthy rank on another "host" (a test-bed artefact a real fleet does not have).
+The hosts share the machine's 2 cores: the faulted rank is pinned to CPU 0 and the others are not,
+so when a fault takes CPU 0 (a pinned hog) the scheduler moves them to CPU 1 and it does not also
+slow a healthy rank on another "host" (a test-bed artefact a real fleet does not have).
 After a case the harness waits (bounded) until every agent has written the case's last interval,
 so the stores hold the whole fault window (an agent's writes lag under a disk hog).
 Processes in the hosts run in sessions of their own and are stopped by process group; close()
@@ -146,8 +146,9 @@ def score(case, report):
 
 
 def cpu_of(r, faulted_rank):
-    """The CPU rank r is pinned to: the faulted rank alone on CPU 0, the others on CPU 1."""
-    return 0 if r == faulted_rank else 1
+    """The CPU rank r is pinned to: the faulted rank to CPU 0, the others nowhere (the scheduler moves
+    them off a busy CPU 0, as ranks on other machines would not share it). None: not pinned."""
+    return 0 if r == faulted_rank else None
 
 
 def judge(fault, slowdown):
@@ -396,7 +397,9 @@ class SyncJobHarness:
                 argv = [sys.executable, "-m", "straggler.demo.syncjob", "--rank", r, "--world", world, "--root", root,
                         "--style", self.style, "--standin-dir", self.standin_dir, "--seconds", limit_s,
                         "--stop-file", stop_file, "--log", case_dir / f"steps-rank{r}.csv",
-                        "--control", controls[r], "--cpu", cpu_of(r, rank), "--job-dir", case_dir]
+                        "--control", controls[r], "--job-dir", case_dir]
+                if cpu_of(r, rank) is not None:
+                    argv += ["--cpu", cpu_of(r, rank)]
                 if self.job_nice is not None:
                     argv += ["--autogroup-nice", self.job_nice]
                 self.job.append(self._popen("rank", host, argv, case_dir / f"rank{r}.log"))

@@ -288,12 +288,8 @@ def _explain(runner, opts, source):
             numbers={"lost_events": r["lost_events"]}, sql={"lost_events": sql.LOST.strip()},
             sources={"lost_events": dict(sql="lost_events", match={"node": r["node"]}, column="lost_events")},
             recommendation="raise the agent's buffer size (--ringbuf-kb, --sys-ringbuf-kb) or trace fewer calls"))
-    order = {k: i for i, k in enumerate(named)}
+    # the straggler findings first, in their rank order (a stable sort keeps it), then by severity and share
     report.findings.sort(key=lambda f: (f.cause != "straggler", SEVERITY_ORDER.get(f.severity, 9), -f.share))
-    report.findings.sort(key=lambda f: order.get(f.numbers.get("_rank_key"), len(order)) if f.cause == "straggler"
-                         else len(order))
-    for f in report.findings:
-        f.numbers.pop("_rank_key", None)
     report.elapsed_s = round(time.monotonic() - started, 3)
     return report
 
@@ -327,7 +323,7 @@ def _straggler_findings(report, ctx, s, first):
         numbers={"wait_pct": round(100 * s["wait"], 1), "others_median_wait_pct": round(100 * s["others_median"], 1),
                  "gap_pct": round(100 * s["gap"], 1), "slices_lower": round(s["consistency"], 2),
                  "coll_ns": rt.raw.get("coll_ns"), "blocked_ns": rt.raw.get("blocked_ns"), "wall_ns": rt.wall_ns,
-                 "rank": rt.rank, "_rank_key": rt.key},
+                 "rank": rt.rank},
         sources={"coll_ns": dict(sql="threads", match=match, column="coll_ns"),
                  "blocked_ns": dict(sql="threads", match=match, column="blocked_ns")},
         sql={"threads": ctx["threads_sql"].strip(), **({"slices": ctx["slices_sql"].strip()} if ctx["slices_sql"] else {})},
@@ -354,7 +350,7 @@ def _cause_findings(report, ctx, rt, others, base):
         return f"{_pct(base.share(component))} → {_pct(now)} of its time"
 
     def others_txt(component):
-        return f"{_pct(statistics_median([o.share(component) for o in others]))} median on the other ranks"
+        return f"{_pct(model.median([o.share(component) for o in others]))} median on the other ranks"
 
     def add(cause, share, summary, numbers, sources=None, extra_sql=None, recommendation=""):
         if share < mopts.min_cause_share:
@@ -471,12 +467,8 @@ def _cause_findings(report, ctx, rt, others, base):
             recommendation="profile its blocking: offcputime-style stacks (py-spy dump --pid PID) while it straggles")
 
 
-def statistics_median(values):
-    return model._median(values)
-
-
 def _thief_label(kind, pid, comms, io_rows):
-    names = ", ".join(sorted(comms)) if comms else "?"
+    names = ", ".join(sorted(comms)[:4]) + (f" and {len(comms) - 4} more" if len(comms) > 4 else "") if comms else "?"
     if kind == "kernel":
         return f"kernel work ({names})"
     if kind == "outside":

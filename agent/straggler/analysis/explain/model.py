@@ -110,7 +110,7 @@ def rank_time(key, threads, wall_ns, rank=None, calling_tid=None):
                     calls=main.get("calls", 0), ns=ns, helper_runq_ns=moved, raw=dict(main))
 
 
-def _median(values):
+def median(values):
     return statistics.median(values) if values else 0.0
 
 
@@ -121,7 +121,7 @@ def separation(ranks, wait_def, exclude=()):
         return None
     least = min(pool, key=lambda r: r.wait_share(wait_def))
     others = [r.wait_share(wait_def) for r in pool if r is not least]
-    med = _median(others)
+    med = median(others)
     return least, least.wait_share(wait_def), med, med - least.wait_share(wait_def)
 
 
@@ -145,7 +145,7 @@ def consistent_share(candidate_key, slices, wait_def, min_gap):
         if mine is None or not others:
             continue
         total += 1
-        if _median(others) - mine.wait_share(wait_def) >= min_gap / 2:
+        if median(others) - mine.wait_share(wait_def) >= min_gap / 2:
             hits += 1
     return hits / total if total else 0.0
 
@@ -177,7 +177,7 @@ def find_stragglers(ranks, slices, opts, max_stragglers=2):
                     if r.key != least.key and r.key not in {s["rank"].key for s in named}]
             if not rest:
                 break
-            med = _median(rest)
+            med = median(rest)
             gap = med - wait
         if gap < opts.min_gap or wait > opts.max_wait_ratio * med:
             if not named:
@@ -188,7 +188,7 @@ def find_stragglers(ranks, slices, opts, max_stragglers=2):
             verdict.rejected.append((least, f"waits less only in {consistency:.0%} of the window's slices"))
             break
         other_rates = [v for k, v in rates.items() if k != least.key]
-        if other_rates and rates.get(least.key, 0) > opts.max_step_rate_ratio * _median(other_rates):
+        if other_rates and rates.get(least.key, 0) > opts.max_step_rate_ratio * median(other_rates):
             verdict.rejected.append((least, "calls CUDA far more often than the others: not in lockstep with them"))
             break
         named.append(dict(rank=least, wait=wait, others_median=med, gap=gap, consistency=consistency))
@@ -202,9 +202,9 @@ def excess(straggler, others, wait_def):
     own = [c for c in COMPONENTS if c not in WAIT_DEFS[wait_def]]
     out = {}
     for c in own:
-        med = _median([o.share(c) for o in others])
+        med = median([o.share(c) for o in others])
         out[c] = max(0.0, straggler.share(c) - med)
-    total = _median([o.wait_share(wait_def) for o in others]) - straggler.wait_share(wait_def)
+    total = median([o.wait_share(wait_def) for o in others]) - straggler.wait_share(wait_def)
     return out, max(total, 0.0)
 
 
