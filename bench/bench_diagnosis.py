@@ -38,7 +38,8 @@ def run_style(bed, out, style, faults, runs, log):
                 if case.valid:
                     report = hz.diagnose(case, out / style / "reports")
                     node_ok, cause_ok = hz.score(case, report)
-                    causes = [(f.node, f.cause, f.share) for f in report.findings if f.cause in hz.EXPECTED_CAUSE.values()]
+                    causes = [(f.node, f.cause, round(f.share, 2)) for f in report.findings
+                              if f.cause in set(hz.EXPECTED_CAUSE_ENQUEUE.values()) | set(hz.EXPECTED_CAUSE.values())]
                     row.update(node_ok=node_ok, cause_ok=cause_ok, stragglers=report.stragglers, causes=causes[:3])
                 rows.append(row)
                 log(f"{style:8s} run {run} {fault:16s} x{case.slowdown:.2f} valid={case.valid} "
@@ -56,7 +57,8 @@ def matrix(rows):
             if not mine:
                 continue
             valid = [r for r in mine if r["valid"]]
-            out.append(dict(style=style, fault=fault, expected=hz.EXPECTED_CAUSE[fault] or "no straggler",
+            expected = (hz.EXPECTED_CAUSE_ENQUEUE if style == "enqueue" else hz.EXPECTED_CAUSE)[fault]
+            out.append(dict(style=style, fault=fault, expected=expected or "no straggler",
                             runs=len(mine), valid=len(valid), node_right=sum(1 for r in valid if r["node_ok"]),
                             cause_right=sum(1 for r in valid if r["cause_ok"])))
     return out

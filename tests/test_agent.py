@@ -300,9 +300,10 @@ class TestRecordAll:
             assert row[8] == "straggler-stand"  # comm (15 characters)
             assert row[11] == 0  # CUDA_SUCCESS
         assert len({row[1] for row in rows}) == len(rows)
-        processes = query(agent.db, "SELECT rank, local_rank, world_size, ppid FROM processes WHERE pid = ?",
-                          (summary["pid"],))
-        assert processes and processes[0] == (3, 1, 4, launcher.pid)
+        procs = lambda: query(agent.db, "SELECT rank, local_rank, world_size, ppid FROM processes WHERE pid = ?",
+                              (summary["pid"],))
+        wait_until(lambda: procs())  # the processes table is written at the end of each interval
+        assert procs()[0] == (3, 1, 4, launcher.pid)
 
     def test_durations_and_start_times_match_the_calls(self, mix):
         by_symbol_rows, by_symbol_log = {}, {}

@@ -9,6 +9,8 @@ not called a writer; the trainer's own threads are never recommended to be moved
 
 The matrix over many runs and both collective styles is `make bench` (bench/bench_diagnosis.py).
 """
+import sqlite3
+
 import pytest
 
 from straggler.analysis import explain
@@ -17,6 +19,8 @@ from straggler.demo import harness as hz
 pytestmark = pytest.mark.bpf
 
 STRAGGLER = "gpu-node-01"
+WARMUP_S = 7.0
+FAULT_S = 10.0
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +36,16 @@ def harness(testbed, tmp_path_factory):
 
 
 def run_valid(harness, fault, tmp_path):
-    case = harness.run_case(fault, rank=0, warmup_s=8.0, fault_s=12.0)
+    case = harness.run_case(fault, rank=0, warmup_s=WARMUP_S, fault_s=FAULT_S)
+    assert case.t_start_ns < case.t_fault_ns < case.t_fault_end_ns <= case.t_end_ns
+    for rank, host in case.rank_nodes.items():      # every agent stored its own rank's calls, stamped
+        conn = sqlite3.connect(f"file:{case.agent_dbs[host]}?mode=ro", uri=True)
+        try:
+            (rows,) = conn.execute("SELECT count(*) FROM thread_time WHERE node = ? AND rank = ? AND calls > 0 "
+                                   "AND ts >= ?", (host, rank, case.t_fault_ns)).fetchone()
+        finally:
+            conn.close()
+        assert rows > 0, f"{host}: no thread_time rows of rank {rank} in the fault window"
     if not case.valid:
         pytest.skip(f"invalid case ({fault}): {case.reason}")
     report = hz.diagnose(case, tmp_path)

@@ -112,6 +112,9 @@ class CaseResult:
 # the cause class explain should give first for each fault (None: no straggler at all)
 EXPECTED_CAUSE = {"none": None, "load-all": None, "cpu-hog": "cpu-contention", "self-contention": "self-contention",
                   "host-compute": "host-compute", "gpu-slow": "gpu-slow", "io-self": "io-self", "io-other": "io-other"}
+# With collectives that only enqueue (NCCL on GPUs), a slow GPU makes every rank wait in synchronize
+# alike: the host cannot tell whose GPU it is, and the right answer is to say so, naming no one.
+EXPECTED_CAUSE_ENQUEUE = dict(EXPECTED_CAUSE, **{"gpu-slow": "device-wide"})
 SETTLE_NS = 2_000_000_000    # the first seconds of the warm-up and of the fault are not steady state
 
 
@@ -136,9 +139,12 @@ def diagnose(case, out_dir):
 def score(case, report):
     """(node right, cause right) of a report for a case."""
     from ..analysis.explain import CAUSE_CLASSES
-    expected = EXPECTED_CAUSE[case.fault]
+    expected = (EXPECTED_CAUSE_ENQUEUE if case.style == "enqueue" else EXPECTED_CAUSE)[case.fault]
     if expected is None:
         return report.straggler is None, report.straggler is None
+    if expected == "device-wide":
+        named_none = report.straggler is None
+        return named_none, named_none and any(f.cause == "device-wide" for f in report.findings)
     node_ok = report.stragglers == [case.node]
     causes = [f for f in report.findings if f.node == case.node and f.cause in CAUSE_CLASSES]
     top = max(causes, key=lambda f: f.share, default=None)
@@ -478,7 +484,8 @@ class SyncJobHarness:
                 try:
                     conn = sqlite3.connect(f"file:{self.agent_dbs[host]}?mode=ro", uri=True, timeout=1.0)
                     try:
-                        (last,) = conn.execute("SELECT MAX(ts + interval_ns) FROM thread_time").fetchone()
+                        # agent_cost: one row every interval, whatever was traced in it
+                        (last,) = conn.execute("SELECT MAX(ts + interval_ns) FROM agent_cost").fetchone()
                     finally:
                         conn.close()
                 except sqlite3.Error:

@@ -310,9 +310,9 @@ def _straggler_findings(report, ctx, s, first):
     wait_parts = " + ".join(model.WAIT_DEFS[verdict.wait_def])
     base = ctx["baseline"].get(rt.key)
     base_txt = (f" (its own baseline: {_pct(base.wait_share(verdict.wait_def))})" if base and base.wall_ns else "")
-    style = ("collectives and blocked time" if verdict.wait_def == "blocking"
-             else "collectives, blocked time and synchronize (collectives only enqueue: the wait shows in the next "
-                  "synchronize)")
+    style = ("in collectives and blocked" if verdict.wait_def == "blocking"
+             else "in collectives, blocked and in synchronize: in this job the ranks wait for each other in synchronize "
+                  "too, as with collectives that only enqueue")
     summary = (f"{_who(rt)} is the straggler: it waits least for its peers — its calling thread {rt.comm} "
                f"(tid {rt.tid}) spent {_pct(s['wait'])} of its time waiting ({style}) vs {_pct(s['others_median'])} "
                f"median on the other ranks{base_txt}, lower in {s['consistency']:.0%} of the window's slices; "
