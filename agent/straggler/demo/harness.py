@@ -151,6 +151,15 @@ def score(case, report):
     return node_ok, bool(node_ok and top is not None and top.cause == expected)
 
 
+def _scalar(db_path, query):
+    """One value from an agent's live store, read-only (raises sqlite3.Error)."""
+    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=1.0)
+    try:
+        return conn.execute(query).fetchone()[0]
+    finally:
+        conn.close()
+
+
 def cpu_of(r, faulted_rank):
     """The CPU rank r is pinned to: the faulted rank to CPU 0, the others nowhere (the scheduler moves
     them off a busy CPU 0, as ranks on other machines would not share it). None: not pinned."""
@@ -362,11 +371,7 @@ class SyncJobHarness:
     def _agents_see_uprobes(self):
         for host in self.agents:
             try:
-                conn = sqlite3.connect(f"file:{self.agent_dbs[host]}?mode=ro", uri=True, timeout=1.0)
-                try:
-                    (count,) = conn.execute("SELECT count(*) FROM probes WHERE name LIKE 'uprobe%'").fetchone()
-                finally:
-                    conn.close()
+                count = _scalar(self.agent_dbs[host], "SELECT count(*) FROM probes WHERE name LIKE 'uprobe%'")
             except sqlite3.Error:
                 return False
             if not count:
@@ -481,13 +486,8 @@ class SyncJobHarness:
         pending = set(self.agents)
         while pending and time.monotonic() < deadline:
             for host in list(pending):
-                try:
-                    conn = sqlite3.connect(f"file:{self.agent_dbs[host]}?mode=ro", uri=True, timeout=1.0)
-                    try:
-                        # agent_cost: one row every interval, whatever was traced in it
-                        (last,) = conn.execute("SELECT MAX(ts + interval_ns) FROM agent_cost").fetchone()
-                    finally:
-                        conn.close()
+                try:  # agent_cost: one row every interval, whatever was traced in it
+                    last = _scalar(self.agent_dbs[host], "SELECT MAX(ts + interval_ns) FROM agent_cost")
                 except sqlite3.Error:
                     continue
                 if last is not None and last >= t_ns:

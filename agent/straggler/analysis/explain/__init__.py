@@ -27,6 +27,23 @@ __all__ = ["ExplainOptions", "Finding", "Report", "explain_db", "explain_fleet",
 CAUSE_CLASSES = ("cpu-contention", "self-contention", "host-compute", "gpu-slow", "cuda-calls", "io-self",
                  "io-other", "unknown")
 N_SLICES = 8
+# excess component -> (cause class, summary, recommendation): the classes that need no more evidence
+SIMPLE_CAUSES = {
+    "host": ("host-compute",
+             "host compute on {node}: its calling thread's on-CPU time outside CUDA/NCCL calls grew — {grew} vs {others} "
+             "(data loading, preprocessing, Python, GC)",
+             "profile the step's host side on that node (py-spy top --pid PID): data loading (more DataLoader workers, "
+             "pinned memory), preprocessing, GC pauses (gc.freeze / gc.disable)"),
+    "sync": ("gpu-slow",
+             "slow GPU on {node}: its time in synchronize (waiting for its own device) grew while its host side did not "
+             "— {grew} vs {others}; no host process is to blame",
+             "check that GPU: nvidia-smi -q -d PERFORMANCE,CLOCK,TEMPERATURE (throttling, clocks), ECC/XID errors in "
+             "dmesg, its PCIe/NVLink link width; drain the node if it persists"),
+    "work": ("cuda-calls",
+             "CUDA calls slower on {node}: on-CPU time inside launch/alloc/copy calls grew — {grew} vs {others}",
+             "look at the driver side: allocator churn (cudaMalloc in the loop), pageable copies (pin host memory), "
+             "a contended driver lock"),
+}
 
 
 @dataclass
@@ -411,29 +428,15 @@ def _cause_findings(report, ctx, rt, others, base):
                 extra_sql={"thieves": sql.thieves(windows, node, pid).strip()},
                 recommendation="give the trainer more cores (its cpuset/affinity), or fewer threads: torch.set_num_threads, "
                                "OMP_NUM_THREADS, DataLoader num_workers sized to the cores it has")
-    if ex.get("host", 0) > 0:
-        add("host-compute", ex["host"] / denom,
-            f"host compute on {node}: its calling thread's on-CPU time outside CUDA/NCCL calls grew — {grew('host')} vs "
-            f"{others_txt('host')} (data loading, preprocessing, Python, GC)",
-            {"host_pct": round(100 * rt.share("host"), 1), "excess_ns": excess_ns},
-            recommendation="profile the step's host side on that node (py-spy top --pid PID): data loading "
-                           "(more DataLoader workers, pinned memory), preprocessing, GC pauses (gc.freeze / gc.disable)")
-    if ex.get("sync", 0) > 0:
-        add("gpu-slow", ex["sync"] / denom,
-            f"slow GPU on {node}: its time in synchronize (waiting for its own device) grew while its host side did not "
-            f"— {grew('sync')} vs {others_txt('sync')}; no host process is to blame",
-            {"sync_ns": rt.raw.get("sync_ns"), "excess_ns": excess_ns},
-            sources={"sync_ns": dict(sql="threads", match=match, column="sync_ns")},
-            recommendation="check that GPU: nvidia-smi -q -d PERFORMANCE,CLOCK,TEMPERATURE (throttling, clocks), "
-                           "ECC/XID errors in dmesg, its PCIe/NVLink link width; drain the node if it persists")
-    if ex.get("work", 0) > 0:
-        add("cuda-calls", ex["work"] / denom,
-            f"CUDA calls slower on {node}: on-CPU time inside launch/alloc/copy calls grew — {grew('work')} vs "
-            f"{others_txt('work')}",
-            {"work_ns": rt.raw.get("work_ns"), "excess_ns": excess_ns},
-            sources={"work_ns": dict(sql="threads", match=match, column="work_ns")},
-            recommendation="look at the driver side: allocator churn (cudaMalloc in the loop), pageable copies "
-                           "(pin host memory), a contended driver lock")
+    for component, (cause, what, recommendation) in SIMPLE_CAUSES.items():
+        if ex.get(component, 0) > 0:
+            column = f"{component}_ns"
+            add(cause, ex[component] / denom,
+                what.format(node=node, grew=grew(component), others=others_txt(component)),
+                dict({f"{component}_pct": round(100 * rt.share(component), 1), "excess_ns": excess_ns},
+                     **({column: rt.raw[column]} if column in rt.raw else {})),
+                sources={column: dict(sql="threads", match=match, column=column)} if column in rt.raw else {},
+                recommendation=recommendation)
     if ex.get("io", 0) > 0:
         io_sql = sql.block_io(windows, node, pid)
         rows = runner.rows(io_sql)
