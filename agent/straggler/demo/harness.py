@@ -120,7 +120,7 @@ SETTLE_NS = 2_000_000_000    # the first seconds of the warm-up and of the fault
 
 def diagnose(case, out_dir):
     """explain over a case: the four agents' stores merged (the real merge) into OUT/<name>.db, the
-    warm-up as the baseline and the fault window as the recent part. Returns the Report."""
+    warm-up as the baseline and the fault window (less its first seconds) as the recent part."""
     from ..analysis import explain
     from ..analysis.merge import merge
     out_dir = Path(out_dir)
@@ -130,8 +130,8 @@ def diagnose(case, out_dir):
     if db.exists():
         db.unlink()
     merge(sorted(case.agent_dbs.values()), str(db))
-    report = explain.explain_db(str(db), since_ns=case.t_start_ns + SETTLE_NS, recent_from_ns=case.t_fault_ns + SETTLE_NS,
-                                until_ns=case.t_fault_end_ns)
+    report = explain.explain_db(str(db), since_ns=case.t_start_ns + SETTLE_NS, baseline_until_ns=case.t_fault_ns,
+                                recent_from_ns=case.t_fault_ns + SETTLE_NS, until_ns=case.t_fault_end_ns)
     (out_dir / f"{name}-explain.txt").write_text(report.to_text(show_sql=False, width=120))
     return report
 

@@ -52,6 +52,7 @@ class ExplainOptions:
     since_ns: int = None             # only intervals from here (node CLOCK_MONOTONIC ns) ...
     until_ns: int = None             # ... up to here
     recent_from_ns: int = None       # the recent part starts here (instead of baseline_fraction)
+    baseline_until_ns: int = None    # the baseline ends here (default: where the recent part starts)
     recent_s: float = None           # the recent part is each rank's last S seconds (instead of baseline_fraction)
     min_gap: float = model.ModelOptions.min_gap
     max_wait_ratio: float = model.ModelOptions.max_wait_ratio
@@ -140,8 +141,8 @@ def explain_fleet(nodes, tls, **opts):
 # ---------------------------------------------------------------- windows and the model's inputs
 
 def _windows(span_rows, opts):
-    """(node, pid, t0, tb, t1) per rank: its span of intervals with calls, less the partial first and
-    last interval, split into its own baseline and the recent part (interval-aligned)."""
+    """(node, pid, t0, te, tb, t1) per rank: its span of intervals with calls, less the partial first
+    and last interval, split into its own baseline [t0, te) and the recent part [tb, t1)."""
     out = []
     for r in span_rows:
         step = int(r["interval_ns"] or 1)
@@ -160,7 +161,8 @@ def _windows(span_rows, opts):
             tb = max(t0, t1 - int(opts.recent_s * 1e9) // step * step)
         else:
             tb = t0 + int((t1 - t0) * opts.baseline_fraction) // step * step
-        out.append((r["node"], int(r["pid"]), t0, tb, t1))
+        te = tb if opts.baseline_until_ns is None else max(min(int(opts.baseline_until_ns), tb) // step * step, t0)
+        out.append((r["node"], int(r["pid"]), t0, te, tb, t1))
     return out
 
 
@@ -205,23 +207,23 @@ def _explain(runner, opts, source):
     threads_sql = sql.threads(windows)
     grouped = _group_threads(runner.rows(threads_sql)) if windows else {}
     calling = _calling_tids(grouped)
-    win_of = {(n, p): (t0, tb, t1) for n, p, t0, tb, t1 in windows}
+    win_of = {(n, p): (t0, te, tb, t1) for n, p, t0, te, tb, t1 in windows}
     recent, baseline = {}, {}
     for key, parts in grouped.items():
         if key not in calling:
             continue
-        t0, tb, t1 = win_of[key]
+        t0, te, tb, t1 = win_of[key]
         rt = model.rank_time(key, parts.get("recent", []), t1 - tb, rank_of.get(key), calling[key])
         if rt is not None:
             recent[key] = rt
-        bt = model.rank_time(key, parts.get("baseline", []), tb - t0, rank_of.get(key), calling[key])
+        bt = model.rank_time(key, parts.get("baseline", []), te - t0, rank_of.get(key), calling[key])
         if bt is not None:
             baseline[key] = bt
 
     # slices of the recent part (the consistency test)
     slice_rows, slices_sql = [], None
     if recent:
-        longest = max(win_of[k][2] - win_of[k][1] for k in recent)
+        longest = max(win_of[k][3] - win_of[k][2] for k in recent)
         step = max(interval_of.values())
         slice_ns = max(step, (longest // N_SLICES) // step * step)
         slices_sql = sql.slices([w for w in windows if (w[0], w[1]) in recent], slice_ns)
@@ -352,8 +354,8 @@ def _cause_findings(report, ctx, rt, others, base):
     runner, windows, mopts = ctx["runner"], ctx["windows"], ctx["mopts"]
     verdict = ctx["verdict"]
     node, pid = rt.key
-    t0, tb, t1 = ctx["win_of"][rt.key]
-    recent_s, base_s = (t1 - tb) / 1e9, (tb - t0) / 1e9
+    t0, te, tb, t1 = ctx["win_of"][rt.key]
+    recent_s, base_s = (t1 - tb) / 1e9, (te - t0) / 1e9
     ex, total = model.excess(rt, others, verdict.wait_def)
     explained = sum(ex.values())
     denom = max(total, explained, 1e-9)

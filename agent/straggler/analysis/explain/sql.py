@@ -43,8 +43,13 @@ ORDER BY node, pid"""
 
 
 def win_cte(windows):
-    """win(node, pid, t0, tb, t1): each rank's window, its own baseline [t0, tb), the recent part [tb, t1)."""
-    return values_cte("win", ("node", "pid", "t0", "tb", "t1"), sorted(windows))
+    """win(node, pid, t0, te, tb, t1): each rank's window: its own baseline [t0, te), the recent part
+    [tb, t1) (te <= tb: what lies between, a fault settling in, belongs to neither)."""
+    return values_cte("win", ("node", "pid", "t0", "te", "tb", "t1"), sorted(windows))
+
+
+PART = "CASE WHEN {a}.ts < w.te THEN 'baseline' ELSE 'recent' END"
+IN_PARTS = "{a}.ts >= w.t0 AND {a}.ts < w.t1 AND ({a}.ts < w.te OR {a}.ts >= w.tb)"
 
 
 def threads(windows):
@@ -52,11 +57,11 @@ def threads(windows):
     return f"""
 WITH {win_cte(windows)}
 SELECT tt.node, tt.pid, tt.tid, MIN(tt.comm) AS comm,
-       CASE WHEN tt.ts < w.tb THEN 'baseline' ELSE 'recent' END AS part,
+       {PART.format(a="tt")} AS part,
        {THREAD_SUMS}
 FROM thread_time tt
 JOIN win w ON w.node = tt.node AND w.pid = tt.pid
-WHERE tt.ts >= w.t0 AND tt.ts < w.t1
+WHERE {IN_PARTS.format(a="tt")}
 GROUP BY tt.node, tt.pid, tt.tid, part
 ORDER BY tt.node, tt.pid, tt.tid, part"""
 
@@ -78,13 +83,13 @@ def thieves(windows, node, pid):
     """Who held the CPU of one rank's threads while they waited in the run queue, by part."""
     return f"""
 WITH {win_cte(windows)}
-SELECT tt.node, tt.pid, CASE WHEN tt.ts < w.tb THEN 'baseline' ELSE 'recent' END AS part,
+SELECT tt.node, tt.pid, {PART.format(a="tt")} AS part,
        json_extract(j.value, '$[0]') AS kind, json_extract(j.value, '$[1]') AS thief_pid,
        json_extract(j.value, '$[2]') AS thief_comm, SUM(json_extract(j.value, '$[3]')) AS runq_ns,
        COUNT(DISTINCT tt.tid) AS threads
 FROM thread_time tt
 JOIN win w ON w.node = tt.node AND w.pid = tt.pid, json_each(tt.thieves) j
-WHERE tt.node = {q(node)} AND tt.pid = {int(pid)} AND tt.thieves IS NOT NULL AND tt.ts >= w.t0 AND tt.ts < w.t1
+WHERE tt.node = {q(node)} AND tt.pid = {int(pid)} AND tt.thieves IS NOT NULL AND {IN_PARTS.format(a="tt")}
 GROUP BY tt.node, tt.pid, part, kind, thief_pid, thief_comm
 ORDER BY part, runq_ns DESC"""
 
@@ -93,12 +98,12 @@ def block_io(windows, node, pid):
     """Block I/O on one rank's node in its window, by submitting process and part."""
     return f"""
 WITH {win_cte(windows)}
-SELECT e.node, e.pid, e.comm, CASE WHEN e.ts < w.tb THEN 'baseline' ELSE 'recent' END AS part,
+SELECT e.node, e.pid, e.comm, {PART.format(a="e")} AS part,
        COUNT(*) AS requests, SUM(e.bytes) AS bytes, ROUND(AVG(e.duration), 1) AS mean_latency_ns,
        e.pid = w.pid AS own
 FROM events e
 JOIN win w ON w.node = e.node AND w.pid = {int(pid)}
-WHERE e.node = {q(node)} AND e.source = 'block' AND e.ts >= w.t0 AND e.ts < w.t1
+WHERE e.node = {q(node)} AND e.source = 'block' AND {IN_PARTS.format(a="e")}
 GROUP BY e.node, e.pid, e.comm, part
 ORDER BY part, bytes DESC"""
 
