@@ -30,17 +30,19 @@ N_SLICES = 8
 # excess component -> (cause class, summary, recommendation): the classes that need no more evidence
 SIMPLE_CAUSES = {
     "host": ("host-compute",
-             "host compute on {node}: its calling thread's on-CPU time outside CUDA/NCCL calls grew — {grew} vs {others} "
+             "host compute on {node}: its calling thread computes on the CPU outside CUDA/NCCL calls more than the others "
+             "— {grew} vs {others} "
              "(data loading, preprocessing, Python, GC)",
              "profile the step's host side on that node (py-spy top --pid PID): data loading (more DataLoader workers, "
              "pinned memory), preprocessing, GC pauses (gc.freeze / gc.disable)"),
     "sync": ("gpu-slow",
-             "slow GPU on {node}: its time in synchronize (waiting for its own device) grew while its host side did not "
-             "— {grew} vs {others}; no host process is to blame",
+             "slow GPU on {node}: it spends more time in synchronize (waiting for its own device) than the others, its "
+             "host side does not — {grew} vs {others}; no host process is to blame",
              "check that GPU: nvidia-smi -q -d PERFORMANCE,CLOCK,TEMPERATURE (throttling, clocks), ECC/XID errors in "
              "dmesg, its PCIe/NVLink link width; drain the node if it persists"),
     "work": ("cuda-calls",
-             "CUDA calls slower on {node}: on-CPU time inside launch/alloc/copy calls grew — {grew} vs {others}",
+             "CUDA calls slower on {node}: more on-CPU time inside launch/alloc/copy calls than the others — {grew} vs "
+             "{others}",
              "look at the driver side: allocator churn (cudaMalloc in the loop), pageable copies (pin host memory), "
              "a contended driver lock"),
 }
