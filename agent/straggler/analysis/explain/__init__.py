@@ -398,10 +398,14 @@ def _cause_findings(report, ctx, rt, others, base):
         # group the thieves by process (kind, pid) for naming
         by_proc = {}
         for (kind, tpid, comm), rate in growth.items():
-            acc = by_proc.setdefault((kind, tpid), dict(rate=0.0, comms=set()))
+            acc = by_proc.setdefault((kind, tpid), dict(rate=0.0, comms=set(), by_comm={}))
             acc["rate"] += rate
             if comm:
                 acc["comms"].add(comm)
+                acc["by_comm"][comm] = acc["by_comm"].get(comm, 0.0) + rate
+        for (kind, tpid), acc in by_proc.items():
+            if tpid is not None and acc["by_comm"]:   # one process: named by the name its threads mostly had
+                acc["comms"] = {max(acc["by_comm"], key=acc["by_comm"].get)}
         total_rate = sum(v["rate"] for v in by_proc.values()) or 1.0
         foreign = sorted(((k, v) for k, v in by_proc.items() if k[0] not in model.OWN_KINDS), key=lambda kv: -kv[1]["rate"])
         own = sorted(((k, v) for k, v in by_proc.items() if k[0] in model.OWN_KINDS), key=lambda kv: -kv[1]["rate"])
