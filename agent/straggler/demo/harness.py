@@ -250,24 +250,21 @@ class _Proc:
 
 def stop_procs(procs, grace_s, sig=signal.SIGTERM, kill_wait_s=15.0):
     """Signal each group, wait (bounded) for all of them, SIGKILL what is left, wait again."""
-    for proc in procs:
-        if proc.alive():
-            proc.signal(sig)
-    deadline = time.monotonic() + grace_s
-    for proc in procs:
-        try:
-            proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
+    def signal_and_wait(group, signum, wait_s, only_alive):
+        for proc in group:
+            if proc.alive() or not only_alive:   # SIGKILL also goes to groups whose leader is gone
+                proc.signal(signum)
+        deadline = time.monotonic() + wait_s
+        for proc in group:
+            try:
+                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        return deadline
+
+    signal_and_wait(procs, sig, grace_s, only_alive=True)
     left = [p for p in procs if p.alive() or _group_alive(p.pgid)]
-    for proc in left:
-        proc.signal(signal.SIGKILL)
-    deadline = time.monotonic() + kill_wait_s
-    for proc in left:
-        try:
-            proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
+    deadline = signal_and_wait(left, signal.SIGKILL, kill_wait_s, only_alive=False)
     while time.monotonic() < deadline and any(_group_alive(p.pgid) for p in left):
         time.sleep(0.1)
     return [p for p in procs if p.alive() or _group_alive(p.pgid)]

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 from ...errors import StragglerError, UsageError
 from . import model, sql
-from .report import SEVERITY_ORDER, Finding, Report, _fmt_bytes, _fmt_ns, _fmt_share
+from .report import SEVERITY_ORDER, Finding, Report, _fmt_bytes, _fmt_ns
 
 __all__ = ["ExplainOptions", "Finding", "Report", "explain_db", "explain_fleet", "add_arguments", "run"]
 

@@ -152,10 +152,6 @@ def _fmt_ns(ns):
     return f"{ns:.0f} ns"
 
 
-def _fmt_share(share):
-    """A share of the slowdown; above 100 % when the stolen time exceeds the excess over the others' typical time."""
-    return f"{share:.0%}" if share <= 1.0 else f"all ({share:.0%})"
-
 
 def _fmt_pct(p):
     return "" if p is None else f"{p:.0f}%"
@@ -178,9 +174,3 @@ def _fmt_number(name, value):
     if name.endswith("bytes"):
         return f"{text} ({_fmt_bytes(value)})"
     return text
-
-
-def _q(text):
-    return "'" + str(text).replace("'", "''") + "'"
-
-
