@@ -31,7 +31,7 @@ Faults (FAULTS), applied to the straggler rank's host for fault_s after a clean 
 The ranks run at autogroup nice JOB_NICE (each leads a session of its own), like the demo's job,
 so that load from outside the test does not drown the case.
 The hosts share the machine's 2 cores: the faulted rank is pinned to CPU 0 and the others are not
-(in none and load-all nobody is pinned, so the load is the same for every node),
+(in load-all nobody is pinned, so the load is the same for every node),
 so when a fault takes CPU 0 (a pinned hog) the scheduler moves them to CPU 1 and it does not also
 slow a healthy rank on another "host" (a test-bed artefact a real fleet does not have).
 After a case the harness waits (bounded) until every agent has written the case's last interval,
@@ -163,8 +163,9 @@ def _scalar(db_path, query):
 
 def cpu_of(r, faulted_rank):
     """The CPU rank r is pinned to: the faulted rank to CPU 0, the others nowhere (the scheduler moves
-    them off a busy CPU 0, as ranks on other machines would not share it). None: not pinned. Without a
-    faulted rank (none, load-all) nobody is pinned: every node alike."""
+    them off a busy CPU 0, as ranks on other machines would not share it). None: not pinned. In
+    load-all nobody is pinned: every node alike. (In none, rank 0 stays pinned as in the fault cases:
+    with nobody pinned the scheduler sometimes pairs two ranks on one core and they straggle.)"""
     return 0 if r == faulted_rank else None
 
 
@@ -408,7 +409,7 @@ class SyncJobHarness:
                         "--style", self.style, "--standin-dir", self.standin_dir, "--seconds", limit_s,
                         "--stop-file", stop_file, "--log", case_dir / f"steps-rank{r}.csv",
                         "--control", controls[r], "--job-dir", case_dir]
-                cpu = cpu_of(r, rank if fault not in ("none", "load-all") else None)
+                cpu = cpu_of(r, rank if fault != "load-all" else None)
                 if cpu is not None:
                     argv += ["--cpu", cpu]
                 if self.job_nice is not None:
