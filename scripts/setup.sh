@@ -12,7 +12,7 @@ warn() { printf 'setup: WARNING: %s\n' "$*" >&2; }
 [ -r /etc/debian_version ] || die "only Debian/Ubuntu are automated here; on RHEL/Fedora install bcc python3-bcc kernel-devel by hand"
 
 # --- distribution packages -------------------------------------------------
-PKGS=(python3-bpfcc python3-venv python3-dev openssh-server nftables sqlite3 bpftrace iproute2
+PKGS=(python3-bpfcc python3-prometheus-client python3-venv python3-dev openssh-server nftables sqlite3 bpftrace iproute2
       gcc make procps util-linux bridge-utils openssl zstd kmod debootstrap systemd-container)
 missing=()
 for p in "${PKGS[@]}"; do

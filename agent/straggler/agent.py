@@ -57,6 +57,9 @@ def add_arguments(parser):
                         help="a call >= US microseconds is always slow (default 10000)")
     parser.add_argument("--interval", type=float, default=5.0, metavar="S",
                         help="aggregation / cost / clock-pair interval, and the unit of retention (default 5)")
+    parser.add_argument("--summary-interval", type=float, default=1.0, metavar="S",
+                        help="the step-time model's summaries (thread_time: what explain, watch and /metrics read) "
+                             "every S seconds (default 1)")
     parser.add_argument("--rescan", type=float, default=2.0, metavar="S",
                         help="look for new processes and libraries every S seconds (default 2)")
     parser.add_argument("--max-db", default="1G", metavar="BYTES",
@@ -72,6 +75,8 @@ def add_arguments(parser):
     try:
         from . import tls
         tls.add_tls_arguments(parser)
+        from .api.metrics import add_metrics_arguments
+        add_metrics_arguments(parser)
     except ImportError:  # the API part is optional for tracing
         pass
 
@@ -100,12 +105,17 @@ class Options:
             self.cuda_libs.append(os.path.abspath(path))
         self.scope = args.scope
         self.record_all = args.record_all
-        if args.sample < 0 or args.interval <= 0 or args.rescan <= 0 or args.slow_factor <= 0:
-            raise UsageError("--sample must be >= 0; --interval, --rescan and --slow-factor > 0")
+        if args.sample < 0 or args.interval <= 0 or args.rescan <= 0 or args.slow_factor <= 0 \
+                or args.summary_interval <= 0:
+            raise UsageError("--sample must be >= 0; --interval, --summary-interval, --rescan and --slow-factor > 0")
+        if args.summary_interval > args.interval:
+            raise UsageError(f"--summary-interval {args.summary_interval:g} is longer than --interval "
+                             f"{args.interval:g}: the summaries are the finer of the two")
         self.sample = args.sample
         self.slow_factor = args.slow_factor
         self.slow_floor_ns = int(args.slow_floor_us * 1000)
         self.interval_ns = int(args.interval * 1e9)
+        self.summary_ns = int(args.summary_interval * 1e9)
         self.rescan_s = args.rescan
         max_db = parse_size(args.max_db)
         self.max_db = max_db or None
@@ -113,6 +123,7 @@ class Options:
         self.ringbuf_kb = args.ringbuf_kb
         self.sys_ringbuf_kb = args.sys_ringbuf_kb
         self.listen = args.listen
+        self.metrics_listen = getattr(args, "metrics_listen", None)
         self.args = args
 
 
@@ -129,6 +140,7 @@ class Agent:
         self.op_hist = {}          # op_id -> decayed histogram of all calls (for the slow threshold)
         self.thread_calls_seen = {}  # tid -> the kernel's running call totals at the last interval
         self.api = None
+        self.metrics_server = None
 
     # ---- identity --------------------------------------------------------------------------
     def rank_of(self, pid):
@@ -193,6 +205,7 @@ class Agent:
                   "(or pass --cuda-lib PATH)", file=sys.stderr, flush=True)
         for key, value in (("agent_version", __version__), ("agent_pid", os.getpid()), ("agent_state", "running"),
                            ("agent_started_ns", now), ("agent_interval_ns", opts.interval_ns),
+                           ("agent_summary_interval_ns", opts.summary_ns),
                            ("agent_record_rule", json.dumps({"record_all": opts.record_all, "sample": opts.sample,
                                                              "slow_factor": opts.slow_factor,
                                                              "slow_floor_ns": opts.slow_floor_ns}))):
@@ -202,6 +215,10 @@ class Agent:
         self.writer.start()
         if opts.listen:
             self._start_api()
+        if opts.metrics_listen:
+            from .api.metrics import start_plain_server
+            self.metrics_server, _ = start_plain_server(opts.db, opts.node, opts.metrics_listen,
+                                                        getattr(opts.args, "metrics_any_address", False))
         self.writer.set_meta("agent_ready_ns", time.monotonic_ns())
         self.writer.flush(timeout=10)
         if self.writer.error:
@@ -346,7 +363,6 @@ class Agent:
                          json.dumps(trim_hist(hist))))
         self.writer.submit("aggregates", rows)
         self._update_slow_thresholds(harvested)
-        self.writer.submit("thread_time", self._thread_time_rows(interval_start, length))
 
         lost = self.probes.lost_totals()
         lost["writer:queue"] = self.writer.dropped_events
@@ -380,6 +396,11 @@ class Agent:
             info.dirty = False
         self.writer.submit("processes", process_rows)
         self.writer.set_meta("agent_heartbeat_ns", now_ns)
+
+    def _summary(self, summary_start):
+        """Close a summary interval: the step-time model's rows (thread_time) since the last one."""
+        self._drain()
+        self.writer.submit("thread_time", self._thread_time_rows(summary_start, self.opts.summary_ns))
 
     def _thread_time_rows(self, interval_start, length):
         """The step-time model's rows for this interval: per traced thread, the call time by class
@@ -428,11 +449,15 @@ class Agent:
             self.last_hits = sum(self.probes.hit_totals())
             deadline = time.monotonic_ns() + int(opts.duration * 1e9) if opts.duration else None
             interval_start = time.monotonic_ns() // opts.interval_ns * opts.interval_ns
+            summary_start = time.monotonic_ns() // opts.summary_ns * opts.summary_ns
             next_rescan = time.monotonic() + opts.rescan_s
             while not self.stop_requested:
                 time.sleep(DRAIN_PERIOD_S)
                 self._drain()
                 now_ns = time.monotonic_ns()
+                if now_ns >= summary_start + opts.summary_ns:
+                    self._summary(summary_start)
+                    summary_start = now_ns // opts.summary_ns * opts.summary_ns
                 if now_ns >= interval_start + opts.interval_ns:
                     self._interval(interval_start, now_ns)
                     interval_start = now_ns // opts.interval_ns * opts.interval_ns
@@ -443,6 +468,7 @@ class Agent:
                     raise StragglerError(self.writer.error)
                 if deadline and now_ns >= deadline:
                     break
+            self._summary(summary_start)
             self._interval(interval_start, time.monotonic_ns())
             self.writer.set_meta("agent_state", "stopped")
             self.writer.set_meta("agent_stopped_ns", time.monotonic_ns())
@@ -456,6 +482,12 @@ class Agent:
         self.stop_requested = True
 
     def _shutdown(self):
+        if self.metrics_server is not None:
+            try:
+                self.metrics_server.shutdown()
+                self.metrics_server.server_close()
+            except Exception:
+                pass
         if self.api is not None:
             try:
                 self.api.stop()

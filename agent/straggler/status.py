@@ -78,6 +78,14 @@ def collect_status(db_path) -> dict:
 
         status.update(_rates(conn))
         status.update(_lost(conn))
+        status["summary_interval_s"] = (int(meta["agent_summary_interval_ns"]) / 1e9
+                                        if str(meta.get("agent_summary_interval_ns", "")).isdigit() else None)
+        status["summary_age_s"] = None
+        if _table_exists(conn, "thread_time"):
+            newest = conn.execute("SELECT MAX(ts + interval_ns) FROM thread_time").fetchone()[0]
+            if newest is not None and status.get("last_interval_age_s") is not None:
+                # the same boot's clock: how old the newest step-time summary is (a live watch reads it)
+                status["summary_age_s"] = round(max(0, time.monotonic_ns() - newest) / 1e9, 1)
     finally:
         conn.close()
     return status
@@ -144,7 +152,10 @@ def format_status(status):
         ("probes attached", str(status["probes_attached"])),
         ("events/s", show(status["events_per_s"])),
         ("probe hits/s", show(status["probe_hits_per_s"])),
-        ("agent CPU", show(status["agent_cpu_percent"], "{}%")),
+        ("agent CPU", show(status["agent_cpu_percent"], "{}% of one core (probes, writer, summaries, API)")),
+        ("step-time summaries", "-" if status.get("summary_interval_s") is None else
+         f"every {status['summary_interval_s']:g} s" + ("" if status.get("summary_age_s") is None else
+                                                       f", newest {status['summary_age_s']:g} s old")),
         ("agent RSS", _human_bytes(status["agent_rss_bytes"])),
         ("lost events", f"{status['lost_events_total']} total, {status['lost_events_recent']} in the last minute"),
         ("DB size", f"{_human_bytes(status['db_size_bytes'])} (WAL {_human_bytes(status['wal_bytes'])})"),

@@ -8,6 +8,12 @@ Routes (JSON unless noted):
                          (?pairs=N: the last N stored clock pairs, 0 for none; the clock is read last)
   GET  /api/v1/health    -> straggler.status.collect_status() of the served database
   GET  /api/v1/snapshot  -> a consistent copy of the database (application/vnd.sqlite3)
+  GET  /api/v1/live      -> store.live.live_summary(): the step-time model's rows since ?since=NS
+                         (node CLOCK_MONOTONIC ns), for `straggler watch`; with the node's clocks
+  GET  /metrics          -> Prometheus metrics of the node (api/metrics.py; text exposition format)
+
+`--metrics-listen ADDR:PORT` also serves /metrics alone over plain HTTP, on loopback only unless
+--metrics-any-address says otherwise (for a local Prometheus agent or node exporter).
 
 One thread per connection (bounded), HTTP/1.1 keep-alive, the TLS handshake done in that
 thread with a time limit (a client that connects and says nothing holds one thread, not the
@@ -144,10 +150,14 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._health()
             if path == f"{API_PREFIX}/snapshot":
                 return self._snapshot()
+            if path == f"{API_PREFIX}/live":
+                return self._live(query)
+            if path == "/metrics":
+                return self._metrics()
             if path == f"{API_PREFIX}/query":
                 return self._error(405, "use POST for /api/v1/query with a JSON body {\"sql\": ..., \"limit\": N}")
             return self._error(404, f"no such route {path}; routes: {API_PREFIX}/query (POST), "
-                                    f"{API_PREFIX}/clock, {API_PREFIX}/health, {API_PREFIX}/snapshot")
+                                    f"{API_PREFIX}/clock, {API_PREFIX}/health, {API_PREFIX}/snapshot, {API_PREFIX}/live, /metrics")
         except DatabaseUnavailable as exc:
             return self._error(503, exc, kind="database")
         except StragglerError as exc:
@@ -242,6 +252,29 @@ class _Handler(BaseHTTPRequestHandler):
         status["api"] = {"version": __version__, "uptime_s": round((time.monotonic_ns() - app.started_mono_ns) / 1e9, 1),
                          "tls": self.server.ssl_context is not None}
         self._json(200, status)
+
+    def _live(self, query):
+        from ..store.live import live_summary
+        app = self.server.app
+        text = (query.get("since") or [None])[0]
+        try:
+            since = int(text) if text not in (None, "") else None
+        except ValueError:
+            return self._error(400, f"since={text!r}: give the node's CLOCK_MONOTONIC time in ns (an integer)",
+                               kind="bad-request")
+        answer = live_summary(app.db_path, since)
+        mono_ns, real_ns = read_clock_pair()   # last, as for /clock: the watch's offset sample
+        answer.update(node=app.node, monotonic_ns=mono_ns, realtime_ns=real_ns)
+        self._json(200, answer)
+
+    def _metrics(self):
+        from . import metrics
+        app = self.server.app
+        try:
+            body = metrics.render(app.db_path, app.node)
+        except metrics.MetricsUnavailable as exc:
+            return self._error(503, exc, kind="metrics-unavailable")
+        self._send(200, body, content_type=metrics.CONTENT_TYPE)
 
     def _snapshot(self):
         from ..store.snapshot import snapshot
@@ -464,6 +497,8 @@ def add_arguments(parser):
     parser.add_argument("--snapshot-dir", default=None, help="where snapshots are staged before streaming (default: system temp)")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     add_tls_arguments(parser)
+    from .metrics import add_metrics_arguments
+    add_metrics_arguments(parser)
 
 
 def run(args):
@@ -472,7 +507,18 @@ def run(args):
     handle = start_background(args.db, node=args.node, listen=args.listen, tls=TLSOptions.from_args(args),
                               max_rows=args.max_rows, max_query_seconds=args.max_query_seconds,
                               snapshot_dir=args.snapshot_dir)
-    print(f"straggler serve: {handle.url} node={handle.node} db={args.db}", file=sys.stderr, flush=True)
+    metrics_server = None
+    if args.metrics_listen:
+        from .metrics import start_plain_server
+        try:
+            metrics_server, _ = start_plain_server(args.db, handle.node, args.metrics_listen, args.metrics_any_address)
+        except BaseException:
+            handle.stop()
+            raise
+    extra = ""
+    if metrics_server is not None:
+        extra = " metrics=http://%s:%d/metrics" % metrics_server.server_address[:2]
+    print(f"straggler serve: {handle.url} node={handle.node} db={args.db}{extra}", file=sys.stderr, flush=True)
     stop = threading.Event()
 
     def on_signal(signum, frame):
@@ -483,4 +529,7 @@ def run(args):
     while not stop.wait(0.5):
         pass
     handle.stop()
+    if metrics_server is not None:
+        metrics_server.shutdown()
+        metrics_server.server_close()
     return 0

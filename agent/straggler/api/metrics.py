@@ -1,0 +1,238 @@
+"""Prometheus metrics of one node: the step-time model of its ranks over the last seconds, what
+the agent lost and what it costs. Rendered by prometheus-client (the standard text exposition
+format), served on the API port under /metrics (mutual TLS) and, optionally, on a plain
+loopback-only port (`--metrics-listen`) for a local Prometheus agent or node exporter.
+
+Every number comes from the node's store (thread_time, lost_events, agent_cost), computed at
+scrape time with explain's own model (analysis/explain/model.py): no second copy of its rules.
+A node cannot tell by itself whether it is the straggler (that needs its peers: `straggler
+watch`, or a PromQL rule across nodes, see README), so it exports what the rule compares:
+
+  straggler_rank_wait_ratio{node,rank,pid,wait}         share of wall time the rank waited for its peers
+                                                        (wait="blocking": collectives + blocked;
+                                                        wait="enqueue": + synchronize)
+  straggler_rank_component_ratio{node,rank,pid,component}  its calling thread's step time by component
+                                                        (work, sync, coll, runq, io, blocked, host)
+  straggler_rank_runq_thief_ratio{node,rank,pid,kind,thief_pid,thief}  run-queue wait by who held the
+                                                        CPU (top 3), share of wall time
+  straggler_rank_calls_per_second{node,rank,pid}        traced calls of its calling thread
+  straggler_window_seconds{node}                        the window the ratios are over
+  straggler_summary_age_seconds{node}                   age of the newest summary (agent liveness)
+  straggler_lost_events_total{node,probe}               events lost (ring buffer, writer queue)
+  straggler_agent_cpu_ratio{node}                       the agent's CPU over its last interval (cores)
+  straggler_agent_rss_bytes{node}
+"""
+import json
+import time
+
+from ..store.query import open_readonly
+
+DEFAULT_WINDOW_S = 10.0
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class MetricsUnavailable(Exception):
+    """prometheus-client is not installed on this node."""
+
+
+def _prometheus():
+    try:
+        import prometheus_client  # noqa: F401
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.exposition import generate_latest
+        from prometheus_client.registry import CollectorRegistry
+    except ImportError:
+        raise MetricsUnavailable("prometheus-client is not installed on this node: install python3-prometheus-client "
+                                 "(Debian/Ubuntu) or `pip install prometheus-client` into the agent's environment") from None
+    return CounterMetricFamily, GaugeMetricFamily, generate_latest, CollectorRegistry
+
+
+def _read(db_path, window_s):
+    conn = open_readonly(db_path)
+    try:
+        newest = conn.execute("SELECT MAX(ts + interval_ns) FROM thread_time").fetchone()[0]
+        rows = []
+        if newest is not None:
+            since = newest - int(window_s * 1e9)
+            cur = conn.execute(
+                "SELECT pid, tid, MIN(rank), MIN(comm), SUM(calls), SUM(work_ns), SUM(sync_ns), SUM(coll_ns), "
+                "SUM(runq_ns), SUM(runq_work_ns), SUM(runq_sync_ns), SUM(runq_coll_ns), SUM(blocked_ns), SUM(io_ns), "
+                "MIN(ts), MAX(ts + interval_ns), GROUP_CONCAT(thieves, '\x1f') "
+                "FROM thread_time WHERE ts >= ? GROUP BY pid, tid", (since,))
+            names = ("pid", "tid", "rank", "comm", "calls", "work_ns", "sync_ns", "coll_ns", "runq_ns", "runq_work_ns",
+                     "runq_sync_ns", "runq_coll_ns", "blocked_ns", "io_ns", "t0", "t1", "thieves")
+            rows = [dict(zip(names, r)) for r in cur.fetchall()]
+        lost = conn.execute("SELECT probe, SUM(count) FROM lost_events GROUP BY probe").fetchall()
+        cost = conn.execute("SELECT interval_ns, cpu_seconds, rss_bytes FROM agent_cost ORDER BY ts DESC LIMIT 1").fetchone()
+        now = time.monotonic_ns()
+    finally:
+        conn.close()
+    return newest, rows, lost, cost, now
+
+
+def rank_summaries(rows, window_ns):
+    """[(RankTime, thieves {(kind, pid, comm): ns})] per process with calls, from thread_time sums."""
+    from ..analysis.explain import model
+    by_pid = {}
+    for r in rows:
+        by_pid.setdefault(r["pid"], []).append(r)
+    out = []
+    for pid, threads in sorted(by_pid.items()):
+        main = model.calling_thread(threads)
+        if main is None:
+            continue
+        wall = max(1, min(window_ns, max(t["t1"] for t in threads) - min(t["t0"] for t in threads)))
+        rt = model.rank_time(pid, threads, wall, main.get("rank"), main["tid"])
+        if rt is None:
+            continue
+        thieves = {}
+        for t in threads:   # the rank's threads' run-queue wait by holder
+            for blob in (t.get("thieves") or "").split("\x1f"):
+                if not blob:
+                    continue
+                try:
+                    entries = json.loads(blob)
+                except ValueError:
+                    continue
+                for kind, tpid, comm, ns in entries:
+                    key = (kind, tpid, comm)
+                    thieves[key] = thieves.get(key, 0) + int(ns or 0)
+        out.append((rt, thieves))
+    return out
+
+
+class NodeCollector:
+    """A prometheus-client collector over one node's store (computed at each scrape)."""
+
+    def __init__(self, db_path, node, window_s=DEFAULT_WINDOW_S):
+        self.db_path, self.node, self.window_s = db_path, node, float(window_s)
+
+    def collect(self):
+        from ..analysis.explain import model
+        Counter, Gauge, _, _ = _prometheus()
+        newest, rows, lost, cost, now = _read(self.db_path, self.window_s)
+        node = self.node
+        wait = Gauge("straggler_rank_wait_ratio", "Share of wall time the rank's calling thread waited for its peers "
+                     "(blocking: collectives + blocked; enqueue: also synchronize)", labels=["node", "rank", "pid", "wait"])
+        comp = Gauge("straggler_rank_component_ratio", "The rank's step time by component (share of wall time)",
+                     labels=["node", "rank", "pid", "component"])
+        thief = Gauge("straggler_rank_runq_thief_ratio", "Run-queue wait of the rank's threads by who held the CPU "
+                      "(top 3, share of wall time)", labels=["node", "rank", "pid", "kind", "thief_pid", "thief"])
+        rate = Gauge("straggler_rank_calls_per_second", "Traced calls per second of the rank's calling thread",
+                     labels=["node", "rank", "pid"])
+        window_ns = int(self.window_s * 1e9)
+        for rt, thieves in rank_summaries(rows, window_ns):
+            labels = [node, "" if rt.rank is None else str(rt.rank), str(rt.key)]
+            for name in model.WAIT_DEFS:
+                wait.add_metric(labels + [name], round(rt.wait_share(name), 6))
+            for c in model.COMPONENTS:
+                comp.add_metric(labels + [c], round(rt.share(c), 6))
+            for (kind, tpid, comm), ns in sorted(thieves.items(), key=lambda kv: -kv[1])[:3]:
+                thief.add_metric(labels + [str(kind), "" if tpid is None else str(tpid), comm or ""],
+                                 round(ns / rt.wall_ns, 6))
+            rate.add_metric(labels, round(rt.calls / (rt.wall_ns / 1e9), 3))
+        yield wait
+        yield comp
+        yield thief
+        yield rate
+        window = Gauge("straggler_window_seconds", "The window the rank ratios are computed over", labels=["node"])
+        window.add_metric([node], self.window_s)
+        yield window
+        age = Gauge("straggler_summary_age_seconds", "Age of the newest step-time summary on this node",
+                    labels=["node"])
+        if newest is not None:
+            age.add_metric([node], round(max(0, now - newest) / 1e9, 3))
+        yield age
+        lost_family = Counter("straggler_lost_events", "Events the agent lost (ring buffer overruns, writer queue)",
+                              labels=["node", "probe"])
+        for probe, count in lost:
+            lost_family.add_metric([node, probe], int(count or 0))
+        yield lost_family
+        cpu = Gauge("straggler_agent_cpu_ratio", "The agent's CPU over its last interval (1.0 = one core)",
+                    labels=["node"])
+        rss = Gauge("straggler_agent_rss_bytes", "The agent's resident memory", labels=["node"])
+        if cost is not None and cost[0]:
+            cpu.add_metric([node], round(float(cost[1]) / (cost[0] / 1e9), 6))
+            if cost[2] is not None:
+                rss.add_metric([node], int(cost[2]))
+        yield cpu
+        yield rss
+
+
+def render(db_path, node, window_s=DEFAULT_WINDOW_S):
+    """The metrics of one node's store in the text exposition format (bytes)."""
+    _, _, generate_latest, CollectorRegistry = _prometheus()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NodeCollector(db_path, node, window_s))
+    return generate_latest(registry)
+
+
+# ---------------------------------------------------------------- the plain loopback port
+
+DEFAULT_METRICS_LISTEN = "127.0.0.1:9433"
+
+
+def start_plain_server(db_path, node, listen=DEFAULT_METRICS_LISTEN, any_address=False, window_s=DEFAULT_WINDOW_S):
+    """Serve GET /metrics (only) over plain HTTP in a background thread; returns (server, thread).
+
+    Loopback only unless any_address: the metrics name processes and hosts, and this port has no
+    TLS; a remote Prometheus scrapes the API port's /metrics with a client certificate instead."""
+    import logging
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from ..errors import StragglerError
+    from .server import _is_loopback, parse_listen
+
+    _prometheus()   # fail at start, not at the first scrape
+    host, port = parse_listen(listen, default_port=9433)
+    if not _is_loopback(host) and not any_address:
+        raise StragglerError(f"--metrics-listen {listen}: the plain metrics port binds to loopback only "
+                             f"(127.0.0.1 or ::1); add --metrics-any-address to serve it on {host}, or scrape "
+                             f"the API port's /metrics with a client certificate")
+    log = logging.getLogger("straggler.metrics")
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        timeout = 10
+
+        def log_message(self, fmt, *args):
+            log.debug("%s %s", self.address_string(), fmt % args)
+
+        def do_GET(self):
+            if self.path.split("?", 1)[0].rstrip("/") != "/metrics":
+                code, body, ctype = 404, b"only /metrics here\n", "text/plain; charset=utf-8"
+            else:
+                try:
+                    code, body, ctype = 200, render(db_path, node, window_s), CONTENT_TYPE
+                except Exception as exc:  # one line, never a traceback to the scraper
+                    code, body, ctype = 503, (" ".join(str(exc).split()) + "\n").encode(), "text/plain; charset=utf-8"
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        allow_reuse_address = True
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    try:
+        server = Server((host, port), Handler)
+    except OSError as exc:
+        raise StragglerError(f"cannot listen on {host}:{port} for metrics: {exc.strerror or exc}; "
+                             f"choose another --metrics-listen") from None
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                              name=f"straggler-metrics-{server.server_address[1]}", daemon=True)
+    thread.start()
+    return server, thread
+
+
+def add_metrics_arguments(parser):
+    parser.add_argument("--metrics-listen", metavar="ADDR:PORT",
+                        help="also serve /metrics over plain HTTP here, for a local Prometheus agent "
+                             f"(loopback only; e.g. {DEFAULT_METRICS_LISTEN})")
+    parser.add_argument("--metrics-any-address", action="store_true",
+                        help="allow --metrics-listen on a non-loopback address (plain HTTP, no authentication)")

@@ -1,0 +1,74 @@
+"""What a live watch polls from one node: the recent rows of the step-time model, small and cheap.
+
+`live_summary(db, since_ns)` answers GET /api/v1/live?since=NS: the thread_time rows (the
+step-time model's per-interval summaries, schema 2) that end after `since`, the node's block
+I/O in the same time summed per second and submitting process (explain's evidence for io-self /
+io-other, without shipping one row per request), the ranked processes, lost events and the
+agent's last cost row. A watch keeps the rows it got and asks again with the last `ts` it saw.
+
+The tables and columns here are the ones explain reads (analysis/explain/sql.py), so the
+controller can put the answers of every node into one in-memory store and run the same explain
+on it. Reads only.
+"""
+from .query import open_readonly
+
+# per answer: a node traces a few threads per rank; one interval per second, so this is minutes
+MAX_THREAD_ROWS = 20_000
+MAX_BLOCK_ROWS = 20_000
+DEFAULT_LOOKBACK_NS = 120_000_000_000   # without ?since: the last two minutes
+
+THREAD_TIME_COLUMNS = ("node", "ts", "interval_ns", "pid", "tid", "rank", "comm", "calls", "work_ns", "sync_ns",
+                       "coll_ns", "runq_ns", "runq_work_ns", "runq_sync_ns", "runq_coll_ns", "blocked_ns", "io_ns",
+                       "thieves")
+# block I/O per second and process: one row stands for `requests` requests; the second that holds
+# `since` is answered whole (a watch replaces the row it had for it: the second may have been filling)
+BLOCK_COLUMNS = ("node", "ts", "pid", "comm", "requests", "bytes", "duration")
+PROCESS_COLUMNS = ("node", "pid", "ppid", "comm", "rank", "local_rank", "world_size", "first_seen", "last_seen",
+                   "exited")
+LOST_COLUMNS = ("node", "probe", "ts", "interval_ns", "count")
+COST_COLUMNS = ("node", "ts", "interval_ns", "cpu_seconds", "probe_hits", "events_written", "rss_bytes")
+
+
+def _rows(conn, sql, params):
+    return [list(r) for r in conn.execute(sql, params).fetchall()]
+
+
+def latest_ts(conn):
+    row = conn.execute("SELECT MAX(ts + interval_ns) FROM thread_time").fetchone()
+    return row[0] if row and row[0] is not None else None
+
+
+def live_summary(db_path, since_ns=None):
+    """{"columns": {table: [...]}, "thread_time": rows, "block": rows, "processes": rows, "lost": rows,
+    "cost": rows, "latest_ns": end of the newest interval or None, "truncated": bool}.
+
+    since_ns: node CLOCK_MONOTONIC ns; intervals that START at or after it (a watch passes the
+    `ts` after the last one it holds). None: the last DEFAULT_LOOKBACK_NS."""
+    conn = open_readonly(db_path)
+    try:
+        newest = latest_ts(conn)
+        if since_ns is None:
+            since_ns = (newest - DEFAULT_LOOKBACK_NS) if newest is not None else 0
+        since_ns = int(since_ns)
+        threads = _rows(conn, f"SELECT {', '.join(THREAD_TIME_COLUMNS)} FROM thread_time WHERE ts >= ? "
+                              f"ORDER BY ts, pid, tid LIMIT ?", (since_ns, MAX_THREAD_ROWS + 1))
+        truncated = len(threads) > MAX_THREAD_ROWS
+        threads = threads[:MAX_THREAD_ROWS]
+        block = _rows(conn, """
+            SELECT node, ts / 1000000000 * 1000000000 AS sec, pid, MIN(comm), COUNT(*), SUM(bytes), SUM(duration)
+            FROM events
+            WHERE source = 'block' AND ts >= ?
+            GROUP BY node, sec, pid
+            ORDER BY sec, pid
+            LIMIT ?""", (since_ns // 1_000_000_000 * 1_000_000_000, MAX_BLOCK_ROWS))
+        processes = _rows(conn, f"SELECT {', '.join(PROCESS_COLUMNS)} FROM processes WHERE rank IS NOT NULL "
+                                f"AND (exited IS NULL OR exited >= ?) ORDER BY pid LIMIT 1000", (since_ns,))
+        lost = _rows(conn, f"SELECT {', '.join(LOST_COLUMNS)} FROM lost_events WHERE ts >= ? ORDER BY ts LIMIT 1000",
+                     (since_ns,))
+        cost = _rows(conn, f"SELECT {', '.join(COST_COLUMNS)} FROM agent_cost ORDER BY ts DESC LIMIT 1", ())
+    finally:
+        conn.close()
+    return {"columns": {"thread_time": list(THREAD_TIME_COLUMNS), "block": list(BLOCK_COLUMNS),
+                        "processes": list(PROCESS_COLUMNS), "lost": list(LOST_COLUMNS), "cost": list(COST_COLUMNS)},
+            "thread_time": threads, "block": block, "processes": processes, "lost": lost, "cost": cost,
+            "since_ns": since_ns, "latest_ns": newest, "truncated": truncated}
