@@ -21,6 +21,8 @@ COMMANDS = {
     "fleet": ("straggler.fleet.cli", "run one SQL on every node at once, with clock offsets"),
     "pki": ("straggler.pki", "create a fleet CA and issue node/client certificates"),
     "explain": ("straggler.analysis.explain", "name the straggler node and the cause, with evidence and SQL"),
+    "watch": ("straggler.analysis.watch", "live: name the straggler and its cause seconds after it starts, while the "
+                                          "job runs (polls every agent; alerts, JSON lines, --exec hooks)"),
     "merge": ("straggler.analysis.merge", "merge node databases into one clock-aligned cluster database"),
     "export": ("straggler.analysis.export", "export a database as a Perfetto (Chrome JSON) timeline"),
 }

@@ -139,7 +139,7 @@ def diagnose(case, out_dir):
 
 def score(case, report):
     """(node right, cause right) of a report for a case."""
-    from ..analysis.explain import CAUSE_CLASSES
+    from ..analysis.explain import top_cause
     expected = (EXPECTED_CAUSE_ENQUEUE if case.style == "enqueue" else EXPECTED_CAUSE)[case.fault]
     if expected is None:
         return report.straggler is None, report.straggler is None
@@ -147,8 +147,7 @@ def score(case, report):
         named_none = report.straggler is None
         return named_none, named_none and any(f.cause == "device-wide" for f in report.findings)
     node_ok = report.stragglers == [case.node]
-    causes = [f for f in report.findings if f.node == case.node and f.cause in CAUSE_CLASSES]
-    top = max(causes, key=lambda f: f.share, default=None)
+    top = top_cause(report, case.node)
     return node_ok, bool(node_ok and top is not None and top.cause == expected)
 
 
@@ -324,10 +323,11 @@ class SyncJobHarness:
             self._built = True
 
     # ---------------------------------------------------------------- agents
-    def start_agents(self, extra_args=(), ready_timeout_s=120.0):
+    def start_agents(self, extra_args=(), ready_timeout_s=120.0, per_host_args=None):
         """`straggler trace --scope netns --interval 1 --db OUT/agents/<host>.db --node <host>` on
         every host (root), stderr into OUT/agents/<host>.log; returns when every one printed its
-        ready line ("straggler: tracing"), bounded."""
+        ready line ("straggler: tracing"), bounded. per_host_args: {host: [more arguments]} (its
+        --listen address and certificate, say)."""
         agents_dir = self.out / "agents"
         agents_dir.mkdir(exist_ok=True)
         for host in self.hosts:
@@ -335,7 +335,7 @@ class SyncJobHarness:
                 continue
             db = agents_dir / f"{host}.db"
             argv = [self.straggler_bin, "trace", "--scope", "netns", "--interval", "1", "--db", db, "--node", host,
-                    *extra_args]
+                    *extra_args, *((per_host_args or {}).get(host) or ())]
             self.agents[host] = self._popen("agent", host, argv, agents_dir / f"{host}.log")
             self.agent_dbs[host] = str(db)
         deadline = time.monotonic() + ready_timeout_s
@@ -359,6 +359,25 @@ class SyncJobHarness:
                 time.sleep(0.5)
         return dict(self.agent_dbs)
 
+    def api_args(self, port=7433):
+        """A fleet CA under OUT/pki with a server certificate per host (its address in the SAN) and a
+        controller certificate; returns ({host: trace arguments to serve the API there with mutual
+        TLS}, ["address:port", ...] in host order, the controller's TLSOptions)."""
+        from .. import pki
+        from ..tls import TLSOptions
+        ca = self.out / "pki"
+        pki.init_ca(str(ca))
+        per_host, nodes = {}, []
+        for host in self.hosts:
+            address = self.bed.hosts[host]
+            pki.issue(str(ca), f"agent-{host}", [address], kind="server")
+            per_host[host] = ["--listen", f"{address}:{port}", "--ca", str(ca / "ca.crt"),
+                              "--cert", str(ca / f"agent-{host}.crt"), "--key", str(ca / f"agent-{host}.key")]
+            nodes.append(f"{address}:{port}")
+        pki.issue(str(ca), "controller", [], kind="client")
+        client = TLSOptions(ca=str(ca / "ca.crt"), cert=str(ca / "controller.crt"), key=str(ca / "controller.key"))
+        return per_host, nodes, client
+
     def stop_agents(self, grace_s=60.0):
         """SIGTERM (they flush and detach their probes: that can take 10+ s), then SIGKILL."""
         procs = list(self.agents.values())
@@ -379,8 +398,9 @@ class SyncJobHarness:
         return True
 
     # ---------------------------------------------------------------- a case
-    def run_case(self, fault, rank=0, warmup_s=8.0, fault_s=12.0, name=None, ready_timeout_s=120.0):
-        """Run the job with `fault` on rank `rank` (see FAULTS); returns a CaseResult."""
+    def run_case(self, fault, rank=0, warmup_s=8.0, fault_s=12.0, name=None, ready_timeout_s=120.0, cooldown_s=0.0):
+        """Run the job with `fault` on rank `rank` (see FAULTS); returns a CaseResult. cooldown_s:
+        the job runs on clean for so long after the fault is removed (a live watch's recovery)."""
         if fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}: one of {', '.join(FAULTS)}")
         if not 0 <= rank < len(self.hosts):
@@ -425,6 +445,8 @@ class SyncJobHarness:
             finally:
                 t_fault_end = time.monotonic_ns()
                 self._remove(controls, base)
+            if cooldown_s > 0:
+                self._sleep(cooldown_s, case_dir)
             self._stop_job(stop_file)
             t_end = time.monotonic_ns()
             self._wait_agents_wrote(t_fault_end)

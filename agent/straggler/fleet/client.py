@@ -634,3 +634,60 @@ def _combine(ordered):
             name = status.node or status.address
             rows.extend([name] + list(r) for r in node_rows)
     return out_columns, rows
+
+
+# ---------------------------------------------------------------- live polling (straggler watch)
+
+class LiveFeed:
+    """One agent's GET /api/v1/live, polled on one keep-alive connection (reopened after a failure).
+
+    get(since_ns) -> (NodeStatus, answer dict or None, clock sample (t_send, node_real, t_recv) or None).
+    Never raises for a node's failure: that is the status. Not thread-safe: one poller per feed."""
+
+    def __init__(self, address, tls=None, timeout_s=5.0, context=None):
+        self.address = address
+        self.tls = tls or TLSOptions()
+        self.context = context if context is not None or self.tls.no_tls else client_context(self.tls)
+        self.timeout_s = float(timeout_s)
+        self._conn = None
+
+    def get(self, since_ns=None):
+        started = time.monotonic()
+        status = NodeStatus(address=self.address)
+        answer, sample = None, None
+        path = "/api/v1/live" + (f"?since={int(since_ns)}" if since_ns is not None else "")
+        try:
+            if self._conn is None:
+                self._conn = _Connection(self.address, self.tls, self.context, self.timeout_s)
+            t_send = time.time_ns()
+            code, data = _request(self._conn, "GET", path, plain=self.context is None)
+            t_recv = time.time_ns()
+            answer = _decode(self._conn, data)
+            if code != 200 or not isinstance(answer, dict) or "thread_time" not in answer:
+                message = answer.get("error") if isinstance(answer, dict) else None
+                raise _NodeFailure("sql-error", message or f"HTTP {code} from {self.address} for {path}: "
+                                                           f"an agent older than this watch?")
+            status.node = answer.get("node")
+            status.row_count = len(answer["thread_time"])
+            status.status = "ok" if status.row_count else "empty"
+            status.message = f"{status.row_count} summaries"
+            if answer.get("realtime_ns") is not None:
+                sample = (t_send, int(answer["realtime_ns"]), t_recv)
+        except _NodeFailure as failure:
+            status.status, status.message = failure.status, failure.message
+            answer = None
+            self.close()
+        except Exception as exc:  # never let one node break the watch
+            status.status, status.message = "unreachable", f"{self.address}: {_one_line(exc)}"
+            answer = None
+            self.close()
+        status.latency_ms = round((time.monotonic() - started) * 1000.0, 3)
+        return status, answer, sample
+
+    def close(self):
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except OSError:
+                pass
+            self._conn = None

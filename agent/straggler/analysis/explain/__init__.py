@@ -22,7 +22,8 @@ from ...errors import StragglerError, UsageError
 from . import model, sql
 from .report import SEVERITY_ORDER, Finding, Report, _fmt_bytes, _fmt_ns
 
-__all__ = ["ExplainOptions", "Finding", "Report", "explain_db", "explain_fleet", "add_arguments", "run"]
+__all__ = ["ExplainOptions", "Finding", "Report", "explain_db", "explain_fleet", "explain_connection", "top_cause",
+           "add_arguments", "run"]
 
 CAUSE_CLASSES = ("cpu-contention", "self-contention", "host-compute", "gpu-slow", "cuda-calls", "io-self",
                  "io-other", "unknown")
@@ -120,6 +121,33 @@ class _FleetRunner:
                                                address=st.address))
         columns = list(result.columns)
         return [dict(zip(columns, r)) for r in result.rows]
+
+
+class _ConnRunner:
+    """Runs explain's SQL on an open connection (the live watch's in-memory store of every node)."""
+
+    def __init__(self, conn, missing=None, answered=None):
+        self.conn = conn
+        self.missing = dict(missing or {})
+        self.answered = dict(answered or {})
+
+    def rows(self, text):
+        cur = self.conn.execute(text)
+        columns = [d[0] for d in cur.description or ()]
+        return [dict(zip(columns, r)) for r in cur.fetchall()]
+
+
+def explain_connection(conn, source, missing=None, answered=None, **opts):
+    """Explain the rows in an open SQLite connection with the store's schema (straggler watch).
+    missing: {node: {"node", "status", "message"}} of nodes that did not answer; answered: {node: status}."""
+    options = ExplainOptions.from_kwargs(**opts)
+    return _explain(_ConnRunner(conn, missing, answered), options, source)
+
+
+def top_cause(report, node):
+    """The cause finding (one of CAUSE_CLASSES) that explains the largest share of `node`'s excess, or None."""
+    causes = [f for f in report.findings if f.node == node and f.cause in CAUSE_CLASSES]
+    return max(causes, key=lambda f: f.share, default=None)
 
 
 def explain_db(db_path, **opts):

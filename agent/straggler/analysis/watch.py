@@ -1,0 +1,594 @@
+"""`straggler watch`: name the straggler and its cause while the job runs, seconds after it starts.
+
+Every --interval seconds the watch polls each agent's GET /api/v1/live (the step-time model's
+rows since the last poll; mutual TLS, one keep-alive connection per node, one thread per node so
+a dead node never holds the others), keeps each node's last --baseline + --window seconds, puts
+every node's rows into one in-memory store with the agents' own schema and runs explain on it
+(the same code, rules and options as `straggler explain`: no second copy). The recent part is
+each rank's last --window seconds, the baseline what came before it.
+
+It prints a line only when the verdict changes (Tracker):
+  onset         a straggler is named in CONFIRM_TICKS polls in a row: node, rank, cause, the share of
+                its excess the cause explains, and how long ago the job's step time moved
+  cause-change  the same straggler, another cause (CONFIRM_TICKS in a row)
+  recovered     no straggler named for CLEAR_TICKS polls in a row (or the job's ranks are gone)
+  lost / back   a node stops answering / answers again (the watch goes on with the others)
+Text lines for people, JSON lines (--json) for machines. --exec runs a command at each onset
+with the finding as JSON on its stdin and in STRAGGLER_* variables; --until-straggler ends the
+watch with exit status 1 at the first onset (for CI).
+
+Times: every event carries the controller's wall clock (`time`) and monotonic clock (`mono_ns`);
+each node's clock offset comes from its /live answers (NTP-style, straggler.clock).
+"""
+import datetime
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ..errors import StragglerError, UsageError
+
+DEFAULT_INTERVAL_S = 1.0
+DEFAULT_WINDOW_S = 8.0       # the recent part explain compares (each rank's last S seconds)
+DEFAULT_BASELINE_S = 50.0    # ... and the history before it kept as each rank's baseline
+CONFIRM_TICKS = 2            # an onset or a cause change must hold this many polls in a row
+CLEAR_TICKS = 3              # recovered after this many polls in a row without a straggler
+STALE_S = 4.0                # a rank whose newest summary is this much older than its node's newest is gone
+SETTLE_S = 5.0               # a rank is judged once it has run the window + this long (a job's start is no onset)
+STEP_MOVED_RATIO = 0.85      # the step rate fell below this share of its baseline: "the step time moved"
+EXEC_TIMEOUT_S = 60.0
+EXIT_STRAGGLER = 1
+EXIT_NO_AGENT = 3
+
+
+# ---------------------------------------------------------------- per node
+
+@dataclass
+class NodeFeed:
+    """What the watch holds of one node: its recent rows and its state."""
+    address: str
+    node: str = None
+    status: str = "pending"
+    message: str = ""
+    since_ns: int = None             # the next poll asks for intervals from here (node clock)
+    node_mono_ns: int = None         # the node's monotonic clock at its last answer
+    polled_mono_ns: int = None       # the controller's monotonic clock then
+    samples: list = field(default_factory=list)   # clock samples (t_send, node_real, t_recv), newest last
+    offset_ns: int = None
+    uncertainty_ns: int = None
+    thread_time: dict = field(default_factory=dict)   # (ts, pid, tid) -> row
+    block: dict = field(default_factory=dict)         # (ts, pid) -> row
+    processes: dict = field(default_factory=dict)     # pid -> row
+    lost: list = field(default_factory=list)
+    cost: list = None
+    columns: dict = None
+
+    def apply(self, status, answer, sample, horizon_ns):
+        self.status, self.message = status.status, status.message or status.status
+        if answer is None:
+            return
+        self.node = answer.get("node") or self.node or status.node
+        self.columns = answer["columns"]
+        self.node_mono_ns = answer.get("monotonic_ns")
+        self.polled_mono_ns = time.monotonic_ns()
+        cols = self.columns
+        for r in answer.get("thread_time") or []:
+            d = dict(zip(cols["thread_time"], r))
+            self.thread_time[(d["ts"], d["pid"], d["tid"])] = r
+            nxt = d["ts"] + 1
+            self.since_ns = nxt if self.since_ns is None else max(self.since_ns, nxt)
+        for r in answer.get("block") or []:
+            d = dict(zip(cols["block"], r))
+            self.block[(d["ts"], d["pid"])] = r       # a second still filling is asked again: replaced
+        for r in answer.get("processes") or []:
+            self.processes[dict(zip(cols["processes"], r))["pid"]] = r
+        self.lost.extend(answer.get("lost") or [])
+        self.cost = (answer.get("cost") or [None])[0]
+        if self.since_ns is None and answer.get("latest_ns") is not None:
+            self.since_ns = int(answer["latest_ns"])
+        if sample is not None:
+            from ..clock import estimate_offset
+            self.samples = (self.samples + [sample])[-16:]
+            try:
+                self.offset_ns, self.uncertainty_ns = estimate_offset(self.samples)
+            except ValueError:
+                pass
+        self._trim(horizon_ns)
+
+    def _trim(self, horizon_ns):
+        newest = max((k[0] for k in self.thread_time), default=None)
+        if newest is None:
+            return
+        cut = newest - horizon_ns
+        self.thread_time = {k: v for k, v in self.thread_time.items() if k[0] >= cut}
+        self.block = {k: v for k, v in self.block.items() if k[0] >= cut}
+        ts_col = self.columns["lost"].index("ts")
+        self.lost = [r for r in self.lost if r[ts_col] >= cut]
+
+    def current_rows(self, min_span_ns=0):
+        """thread_time rows of the ranks still running (newest summary within STALE_S of the node's
+        clock, less the summaries' own lag) that have run at least min_span_ns (their rows span that much)."""
+        if not self.thread_time:
+            return []
+        # the node's clock now (its last answer, plus the time since), else its newest summary: the
+        # rows of a job that ended are not judged (not even right after the watch starts)
+        newest = max(k[0] for k in self.thread_time)
+        if self.node_mono_ns is not None and self.polled_mono_ns is not None:
+            at = self.columns["thread_time"].index("interval_ns")
+            lag = 2 * max(r[at] for r in self.thread_time.values())   # a summary is written after its interval
+            newest = max(newest, self.node_mono_ns + (time.monotonic_ns() - self.polled_mono_ns) - lag)
+        first_of, last_of = {}, {}
+        for (ts, pid, _tid) in self.thread_time:
+            last_of[pid] = max(last_of.get(pid, ts), ts)
+            first_of[pid] = min(first_of.get(pid, ts), ts)
+        live = {pid for pid, ts in last_of.items()
+                if ts >= newest - int(STALE_S * 1e9) and ts - first_of[pid] >= min_span_ns}
+        return [r for k, r in sorted(self.thread_time.items()) if k[1] in live]
+
+
+def build_store(feeds, min_span_ns=0):
+    """One in-memory store with the agents' schema, holding every answering node's recent rows (of
+    the ranks that have run min_span_ns)."""
+    from ..store import schema
+    from ..store.live import BLOCK_COLUMNS
+    conn = sqlite3.connect(":memory:")
+    schema.create(conn)
+    for feed in feeds:
+        if feed.columns is None or feed.node is None:
+            continue
+        cols = feed.columns
+        rows = feed.current_rows(min_span_ns)
+        if rows:
+            names = cols["thread_time"]
+            at = names.index("node")
+            conn.executemany(f"INSERT INTO thread_time({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+                             [list(r[:at]) + [feed.node] + list(r[at + 1:]) for r in rows])
+        ev = []
+        for r in feed.block.values():
+            d = dict(zip(cols["block"] if cols.get("block") else BLOCK_COLUMNS, r))
+            n = max(1, int(d["requests"] or 1))
+            ev.append((feed.node, d["ts"], d["pid"], d["comm"], int(d["bytes"] or 0), int((d["duration"] or 0) / n)))
+        for seq, e in enumerate(ev):
+            conn.execute("INSERT INTO events(seq, node, source, op, ts, pid, comm, bytes, duration) "
+                         "VALUES (?, ?, 'block', 'block_io', ?, ?, ?, ?, ?)", (seq,) + e)
+        pcols = cols["processes"]
+        for r in feed.processes.values():
+            d = dict(zip(pcols, r))
+            conn.execute("INSERT OR REPLACE INTO processes(node, pid, ppid, comm, rank, local_rank, world_size, "
+                         "first_seen, last_seen, exited) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                         (feed.node, d["pid"], d["ppid"], d["comm"], d["rank"], d["local_rank"], d["world_size"],
+                          d["first_seen"], d["last_seen"], d["exited"]))
+        lcols = cols["lost"]
+        conn.executemany("INSERT INTO lost_events(node, probe, ts, interval_ns, count) VALUES (?,?,?,?,?)",
+                         [(feed.node,) + tuple(dict(zip(lcols, r))[c] for c in ("probe", "ts", "interval_ns", "count"))
+                          for r in feed.lost])
+    conn.commit()
+    return conn
+
+
+def step_moved_ago_s(conn, node, pid, node_now_ns, window_ns):
+    """How long ago the rank's step rate (calls per second of its calling thread) fell below
+    STEP_MOVED_RATIO of its rate before the recent window and stayed there; None if it did not."""
+    rows = conn.execute("SELECT ts, interval_ns, calls, tid FROM thread_time WHERE node = ? AND pid = ? ORDER BY ts",
+                        (node, pid)).fetchall()
+    if not rows:
+        return None
+    per_tid = {}
+    for ts, iv, calls, tid in rows:
+        per_tid[tid] = per_tid.get(tid, 0) + calls
+    main = max(per_tid, key=per_tid.get)
+    series = [(ts, iv, calls) for ts, iv, calls, tid in rows if tid == main]
+    newest = series[-1][0]
+    base = sorted(c * 1e9 / iv for ts, iv, c in series[1:] if ts < newest - window_ns)
+    if len(base) < 3:
+        return None
+    base_rate = base[len(base) // 2]
+    moved = None
+    for ts, iv, c in reversed(series[:-1]):     # the newest interval may be partial: judged by the ones before
+        if c * 1e9 / iv < STEP_MOVED_RATIO * base_rate:
+            moved = ts
+        else:
+            break
+    if moved is None:
+        return None
+    return max(0.0, (node_now_ns - moved) / 1e9)
+
+
+# ---------------------------------------------------------------- the verdict over time
+
+@dataclass
+class Verdict:
+    straggler: str = None
+    rank: object = None
+    pid: int = None
+    cause: str = None
+    share: float = None
+    summary: str = ""
+    wait_pct: float = None
+    others_wait_pct: float = None
+    step_moved_s: float = None
+    ranks: int = 0
+    device_wide: bool = False
+    report: object = None
+
+
+def evaluate(feeds, window_s, baseline_s, min_gap=None):
+    """Run explain over the feeds' rows -> Verdict."""
+    from . import explain
+    conn = build_store(feeds, int((window_s + SETTLE_S) * 1e9))
+    try:
+        missing = {f.node or f.address: dict(node=f.node or f.address, status=f.status, message=f.message,
+                                             address=f.address)
+                   for f in feeds if f.status not in ("ok", "empty")}
+        answered = {f.node: f.status for f in feeds if f.node and f.status in ("ok", "empty")}
+        opts = dict(recent_s=window_s, min_calls=10, timeout_s=10.0)
+        if min_gap is not None:
+            opts["min_gap"] = min_gap
+        report = explain.explain_connection(conn, "live watch", missing=missing, answered=answered, **opts)
+        v = Verdict(report=report, ranks=len(report.nodes),
+                    device_wide=any(f.cause == "device-wide" for f in report.findings))
+        if report.straggler:
+            v.straggler = report.straggler
+            row = next((n for n in report.nodes if n["node"] == v.straggler and n["role"] == "straggler"), None)
+            if row:
+                v.rank, v.pid, v.wait_pct = row["rank"], row["pid"], row["wait_pct"]
+                others = sorted(n["wait_pct"] for n in report.nodes if n is not row)
+                v.others_wait_pct = others[len(others) // 2] if others else None
+                feed = next((f for f in feeds if f.node == v.straggler), None)
+                if feed is not None and feed.node_mono_ns is not None:
+                    lag = time.monotonic_ns() - (feed.polled_mono_ns or time.monotonic_ns())
+                    v.step_moved_s = step_moved_ago_s(conn, v.straggler, v.pid, feed.node_mono_ns + lag,
+                                                      int(window_s * 1e9))
+            top = explain.top_cause(report, v.straggler)
+            if top is not None:
+                v.cause, v.share, v.summary = top.cause, round(top.share, 3), top.summary
+            else:
+                v.cause, v.summary = "unknown", "no cause class explains its excess"
+        return v
+    finally:
+        conn.close()
+
+
+class Tracker:
+    """Verdicts in, events out: only when something changes (see the module docstring)."""
+
+    def __init__(self, confirm=CONFIRM_TICKS, clear=CLEAR_TICKS):
+        self.confirm, self.clear = confirm, clear
+        self.current = None        # the Verdict of the straggler being reported (None: healthy)
+        self.onset_mono_ns = None
+        self._candidate, self._candidate_n = None, 0     # the name named in the last polls, how many in a row
+        self._cause_candidate, self._cause_n = None, 0
+        self._clear_n = 0
+        self.node_state = {}       # address -> "ok" | "lost"
+
+    def nodes(self, feeds):
+        out = []
+        for f in feeds:
+            up = f.status in ("ok", "empty")
+            before = self.node_state.get(f.address)
+            if not up and before != "lost":
+                self.node_state[f.address] = "lost"
+                out.append(dict(event="lost", node=f.node or f.address, address=f.address, status=f.status,
+                                message=f.message))
+            elif up and before == "lost":
+                self.node_state[f.address] = "ok"
+                out.append(dict(event="back", node=f.node or f.address, address=f.address))
+            elif up:
+                self.node_state[f.address] = "ok"
+        return out
+
+    def verdict(self, v, now_mono_ns=None):
+        now = now_mono_ns or time.monotonic_ns()
+        events = []
+        name = v.straggler
+        if name is not None and name == self._candidate:
+            self._candidate_n += 1
+        else:
+            self._candidate, self._candidate_n = name, 1 if name is not None else 0
+        if self.current is None:
+            if name is not None and self._candidate_n >= self.confirm:
+                self._start(v, now)
+                events.append(_finding_event("onset", v))
+            return events
+        if name == self.current.straggler:
+            self._clear_n = 0
+            if v.cause == self.current.cause:
+                self._cause_candidate, self._cause_n = None, 0
+                self.current = v
+                return events
+            self._cause_n = self._cause_n + 1 if v.cause == self._cause_candidate else 1
+            self._cause_candidate = v.cause
+            if self._cause_n >= self.confirm:
+                previous = self.current.cause
+                self.current, self._cause_candidate, self._cause_n = v, None, 0
+                events.append(dict(_finding_event("cause-change", v), previous_cause=previous))
+            return events
+        self._clear_n += 1
+        switch = name is not None and self._candidate_n >= self.confirm
+        if self._clear_n >= self.clear or switch:
+            events.append(dict(event="recovered", node=self.current.straggler, rank=self.current.rank,
+                               cause=self.current.cause, lasted_s=round((now - self.onset_mono_ns) / 1e9, 1)))
+            self.current = None
+            if switch:
+                self._start(v, now)
+                events.append(_finding_event("onset", v))
+        return events
+
+    def _start(self, v, now):
+        self.current, self.onset_mono_ns = v, now
+        self._cause_candidate, self._cause_n, self._clear_n = None, 0, 0
+
+
+def _finding_event(kind, v):
+    return dict(event=kind, node=v.straggler, rank=v.rank, pid=v.pid, cause=v.cause, share=v.share,
+                wait_pct=v.wait_pct, others_wait_pct=v.others_wait_pct, step_moved_s=(
+                    None if v.step_moved_s is None else round(v.step_moved_s, 1)), summary=v.summary)
+
+
+# ---------------------------------------------------------------- the loop
+
+class _Poller(threading.Thread):
+    """Polls one feed every interval (its own thread: a slow or dead node delays nobody)."""
+
+    def __init__(self, feed, live, interval_s, horizon_ns, lock, stop):
+        super().__init__(name=f"straggler-watch-{feed.address}", daemon=True)
+        self.feed, self.live, self.interval_s = feed, live, interval_s
+        self.horizon_ns, self.lock, self.stop = horizon_ns, lock, stop
+        self.polls = 0
+
+    def run(self):
+        while not self.stop.is_set():
+            started = time.monotonic()
+            status, answer, sample = self.live.get(self.feed.since_ns)
+            with self.lock:
+                self.feed.apply(status, answer, sample, self.horizon_ns)
+                self.polls += 1
+            self.stop.wait(max(0.05, self.interval_s - (time.monotonic() - started)))
+        self.live.close()
+
+
+def watch(nodes, tls, interval_s=DEFAULT_INTERVAL_S, window_s=DEFAULT_WINDOW_S, baseline_s=DEFAULT_BASELINE_S,
+          timeout_s=None, until_straggler=False, on_event=None, on_tick=None, stop=None, min_gap=None,
+          request_timeout_s=None):
+    """Watch the fleet until timeout_s (None: until `stop` is set or a signal), calling
+    on_event(event dict) for every change. Returns (exit status, the events)."""
+    from ..fleet.client import LiveFeed, parse_nodes
+    if interval_s <= 0 or window_s <= 0 or baseline_s < 0:
+        raise UsageError("--interval and --window must be > 0 seconds, --baseline >= 0")
+    if window_s < 3 * interval_s:
+        raise UsageError(f"--window {window_s:g} s holds fewer than 3 polls of --interval {interval_s:g} s")
+    addresses = parse_nodes(nodes)
+    stop = stop or threading.Event()
+    lock = threading.Lock()
+    horizon_ns = int((window_s + baseline_s + 2 * interval_s) * 1e9)
+    request_timeout_s = request_timeout_s or max(2.0, 3 * interval_s)
+    feeds = [NodeFeed(address=a) for a in addresses]
+    tracker = Tracker()
+    events = []
+    started = time.monotonic()
+
+    def emit(event):
+        event = dict(event, time=datetime.datetime.now().astimezone().isoformat(timespec="milliseconds"),
+                     mono_ns=time.monotonic_ns(), watch_s=round(time.monotonic() - started, 1))
+        events.append(event)
+        if on_event:
+            on_event(event)
+
+    from ..tls import client_context
+    context = None if tls.no_tls else client_context(tls)
+    pollers = [_Poller(f, LiveFeed(f.address, tls, request_timeout_s, context=context), interval_s, horizon_ns,
+                       lock, stop) for f in feeds]
+    emit(dict(event="start", nodes=addresses, interval_s=interval_s, window_s=window_s, baseline_s=baseline_s))
+    for p in pollers:
+        p.start()
+    code = 0
+    ever_answered = False
+    try:
+        next_tick = time.monotonic() + interval_s
+        while not stop.is_set():
+            if timeout_s is not None and time.monotonic() - started >= timeout_s:
+                break
+            stop.wait(max(0.0, next_tick - time.monotonic()))
+            next_tick += interval_s
+            if stop.is_set():
+                break
+            with lock:
+                if any(p.polls == 0 for p in pollers) and time.monotonic() - started < request_timeout_s + interval_s:
+                    continue   # the first answers are still coming
+                for e in tracker.nodes(feeds):
+                    emit(e)
+                ever_answered = ever_answered or any(f.status in ("ok", "empty") for f in feeds)
+                verdict = evaluate(feeds, window_s, baseline_s, min_gap=min_gap)
+            if on_tick:
+                on_tick(verdict, feeds)
+            for e in tracker.verdict(verdict):
+                emit(e)
+                if e["event"] == "onset" and until_straggler:
+                    code = EXIT_STRAGGLER
+                    stop.set()
+    finally:
+        stop.set()
+        for p in pollers:
+            p.join(timeout=request_timeout_s + 1)
+    if code == 0 and not ever_answered:
+        code = EXIT_NO_AGENT
+    emit(dict(event="end", exit=code, straggler=tracker.current.straggler if tracker.current else None,
+              reason="straggler" if code == EXIT_STRAGGLER else "no agent answered" if code == EXIT_NO_AGENT
+              else "stopped"))
+    return code, events
+
+
+# ---------------------------------------------------------------- output
+
+def format_event(e):
+    t = e.get("time", "")[11:19]
+    kind = e["event"]
+    if kind == "start":
+        return (f"{t} watching {len(e['nodes'])} node(s) every {e['interval_s']:g} s: the last {e['window_s']:g} s "
+                f"against the {e['baseline_s']:g} s before")
+    if kind in ("onset", "cause-change"):
+        rank = f" rank {e['rank']}" if e.get("rank") is not None else ""
+        share = f" ({e['share']:.0%} of its excess)" if e.get("share") is not None else ""
+        moved = f"; the step time moved {e['step_moved_s']:g} s ago" if e.get("step_moved_s") is not None else ""
+        waits = (f"; it waits {e['wait_pct']:g}% for its peers vs {e['others_wait_pct']:g}%"
+                 if e.get("wait_pct") is not None and e.get("others_wait_pct") is not None else "")
+        head = "STRAGGLER" if kind == "onset" else f"CAUSE CHANGED (was {e.get('previous_cause')})"
+        return f"{t} {head} {e['node']}{rank}: {e['cause']}{share}{waits}{moved}\n         {e.get('summary', '')}"
+    if kind == "recovered":
+        return f"{t} RECOVERED {e['node']}: no longer the straggler ({e.get('cause')} lasted {e['lasted_s']:g} s)"
+    if kind == "lost":
+        return f"{t} LOST {e['node']} ({e['status']}): {e['message']}; watching the others"
+    if kind == "back":
+        return f"{t} BACK {e['node']} answers again"
+    if kind == "end":
+        return f"{t} watch ended: {e['reason']}" + (f" (straggler: {e['straggler']})" if e.get("straggler") else "")
+    return f"{t} {json.dumps(e)}"
+
+
+def run_exec(command, event, timeout_s=EXEC_TIMEOUT_S):
+    """Run --exec's command for an onset: the event as JSON on stdin and in STRAGGLER_* variables.
+    In the background (bounded); its failure is reported on stderr, never stops the watch."""
+    env = dict(os.environ)
+    for key in ("event", "node", "rank", "cause", "share", "summary", "step_moved_s"):
+        value = event.get(key)
+        env[f"STRAGGLER_{key.upper()}"] = "" if value is None else str(value)
+    payload = json.dumps(event, default=str).encode()
+
+    def runner():
+        try:
+            proc = subprocess.Popen(command, shell=True, stdin=subprocess.PIPE, env=env, start_new_session=True)
+        except OSError as exc:
+            print(f"straggler watch: --exec failed to start: {exc}", file=sys.stderr, flush=True)
+            return
+        try:
+            proc.communicate(payload, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            proc.wait()
+            print(f"straggler watch: --exec still running after {timeout_s:g} s: killed", file=sys.stderr, flush=True)
+            return
+        if proc.returncode:
+            print(f"straggler watch: --exec exited with status {proc.returncode}", file=sys.stderr, flush=True)
+
+    thread = threading.Thread(target=runner, name="straggler-watch-exec", daemon=False)
+    thread.start()
+    return thread
+
+
+# ---------------------------------------------------------------- CLI
+
+def add_arguments(parser):
+    parser.add_argument("--nodes", required=True, help="the fleet's agents: host:port,… or a file with one per line")
+    parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, metavar="S",
+                        help=f"poll every S seconds (default {DEFAULT_INTERVAL_S:g})")
+    parser.add_argument("--window", type=float, default=DEFAULT_WINDOW_S, metavar="S",
+                        help=f"judge each rank's last S seconds (default {DEFAULT_WINDOW_S:g})")
+    parser.add_argument("--baseline", type=float, default=DEFAULT_BASELINE_S, metavar="S",
+                        help=f"... against up to S seconds before them (default {DEFAULT_BASELINE_S:g})")
+    parser.add_argument("--json", action="store_true", help="JSON lines, one per event (for machines)")
+    parser.add_argument("--exec", dest="exec_cmd", metavar="CMD",
+                        help="run CMD (a shell command) at each onset: the finding as JSON on its stdin and in "
+                             "STRAGGLER_NODE, STRAGGLER_CAUSE, STRAGGLER_RANK, STRAGGLER_SUMMARY, …")
+    parser.add_argument("--until-straggler", action="store_true",
+                        help="stop at the first onset with exit status 1 (for CI)")
+    parser.add_argument("--timeout", type=float, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
+    parser.add_argument("--min-gap", type=float, default=None,
+                        help="explain's --min-gap (the straggler waits at least this share less than the others)")
+    from ..tls import add_tls_arguments
+    add_tls_arguments(parser)
+
+
+def run(args):
+    from ..tls import TLSOptions
+    tls = TLSOptions.from_args(args)
+    if args.timeout is not None and args.timeout <= 0:
+        raise UsageError("--timeout must be > 0 seconds")
+    stop = threading.Event()
+    execs = []
+    table = None if args.json else _LiveTable.maybe()
+
+    def on_event(e):
+        if args.json:
+            sys.stdout.write(json.dumps(e, default=str) + "\n")
+            sys.stdout.flush()
+        elif table is not None:
+            table.print(format_event(e))
+        else:
+            sys.stdout.write(format_event(e) + "\n")
+            sys.stdout.flush()
+        if e["event"] == "onset" and args.exec_cmd:
+            execs.append(run_exec(args.exec_cmd, e))
+
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        if table is not None:
+            table.start()
+        code, _ = watch(args.nodes, tls, interval_s=args.interval, window_s=args.window, baseline_s=args.baseline,
+                        timeout_s=args.timeout, until_straggler=args.until_straggler, on_event=on_event,
+                        on_tick=table.update if table is not None else None, stop=stop, min_gap=args.min_gap)
+    finally:
+        if table is not None:
+            table.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    for thread in execs:
+        thread.join(timeout=EXEC_TIMEOUT_S + 5)
+    if code == EXIT_NO_AGENT:
+        raise StragglerError(f"no agent answered during the watch ({args.nodes}): check the addresses, the agents "
+                             f"(straggler status on each) and the certificates")
+    return code
+
+
+class _LiveTable:
+    """A live per-node table in a terminal (rich), events printed above it."""
+
+    def __init__(self, console, live_cls):
+        self.console, self._live_cls, self.live = console, live_cls, None
+
+    @classmethod
+    def maybe(cls):
+        if not sys.stdout.isatty():
+            return None
+        try:
+            from rich.console import Console
+            from rich.live import Live
+        except ImportError:
+            return None
+        return cls(Console(), Live)
+
+    def start(self):
+        self.live = self._live_cls(console=self.console, refresh_per_second=2, transient=True)
+        self.live.start()
+
+    def stop(self):
+        if self.live is not None:
+            self.live.stop()
+
+    def print(self, line):
+        self.console.print(line, highlight=False, markup=False)
+
+    def update(self, verdict, feeds):
+        from rich.table import Table
+        t = Table(title="straggler watch", expand=False)
+        for c in ("node", "status", "rank", "waits", "run queue", "host", "sync", "io", "offset", "role"):
+            t.add_column(c)
+        rows = {n["node"]: n for n in (verdict.report.nodes if verdict.report else [])}
+        for f in feeds:
+            n = rows.get(f.node, {})
+            offset = "" if f.offset_ns is None else f"{f.offset_ns / 1e6:+.1f} ms"
+            t.add_row(f.node or f.address, f.status, str(n.get("rank", "")), _pct(n.get("wait_pct")),
+                      _pct(n.get("runq_pct")), _pct(n.get("host_pct")), _pct(n.get("sync_pct")), _pct(n.get("io_pct")),
+                      offset, (n.get("role") or "") + (f" ({verdict.cause})" if n.get("role") else ""))
+        self.live.update(t)
+
+
+def _pct(v):
+    return "" if v is None else f"{v:g}%"

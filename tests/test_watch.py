@@ -1,0 +1,300 @@
+"""`straggler watch` and the agent's live surfaces (/api/v1/live, /metrics).
+
+What a user would notice:
+- on a real synchronous job (straggler.demo.harness, real eBPF agents serving mutual TLS), a fault
+  started at T is named — right node, right cause — before T + 20 s, never before T, and its end is
+  reported as a recovery while the job runs on;
+- a dead agent is reported and the watch goes on naming the straggler from the others;
+- one noisy poll never raises an alarm, a short gap never ends one (Tracker);
+- /metrics parses with prometheus-client's own parser, needs a client certificate on the API port,
+  and the plain metrics port refuses non-loopback addresses unless told otherwise.
+"""
+import http.client
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from test_api_helpers import Pki
+
+from straggler.analysis import synth, watch
+from straggler.api import metrics
+from straggler.api.server import start_background
+from straggler.errors import StragglerError
+from straggler.tls import TLSOptions, client_context
+
+REPO = Path(__file__).resolve().parents[1]
+STRAGGLER = str(REPO / ".venv" / "bin" / "straggler")
+
+
+# ---------------------------------------------------------------- the Tracker (pure)
+
+def V(node=None, cause=None):
+    return watch.Verdict(straggler=node, cause=cause, rank=0 if node else None)
+
+
+def feed_verdicts(tracker, verdicts):
+    out = []
+    for i, v in enumerate(verdicts):
+        out += [(i, e["event"], e.get("node"), e.get("cause")) for e in tracker.verdict(v, now_mono_ns=(i + 1) * 10**9)]
+    return out
+
+
+def test_one_noisy_poll_raises_no_alarm_two_in_a_row_do():
+    t = watch.Tracker(confirm=2, clear=3)
+    assert feed_verdicts(t, [V(), V("a", "host-compute"), V(), V("b", "gpu-slow"), V()]) == []
+    t = watch.Tracker(confirm=2, clear=3)
+    assert feed_verdicts(t, [V(), V("a", "host-compute"), V("a", "host-compute")]) == [(2, "onset", "a", "host-compute")]
+
+
+def test_a_short_gap_does_not_end_an_alarm_a_long_one_does():
+    t = watch.Tracker(confirm=2, clear=3)
+    seq = [V("a", "io-self")] * 2 + [V(), V()] + [V("a", "io-self")] + [V()] * 3
+    assert feed_verdicts(t, seq) == [(1, "onset", "a", "io-self"), (7, "recovered", "a", "io-self")]
+
+
+def test_a_cause_change_is_reported_once_it_holds():
+    t = watch.Tracker(confirm=2, clear=3)
+    seq = [V("a", "io-self")] * 2 + [V("a", "cpu-contention")] + [V("a", "io-self")] + [V("a", "cpu-contention")] * 2
+    events = feed_verdicts(t, seq)
+    assert events == [(1, "onset", "a", "io-self"), (5, "cause-change", "a", "cpu-contention")]
+
+
+def test_another_node_taking_over_ends_the_first_and_starts_the_second():
+    t = watch.Tracker(confirm=2, clear=5)
+    events = feed_verdicts(t, [V("a", "gpu-slow")] * 2 + [V("b", "host-compute")] * 2)
+    assert events == [(1, "onset", "a", "gpu-slow"), (3, "recovered", "a", "gpu-slow"), (3, "onset", "b", "host-compute")]
+
+
+# ---------------------------------------------------------------- watch over real servers (synthetic stores)
+
+EVENTS = 20000
+
+
+def _free_port():
+    with socket.socket() as s:                      # a port with nothing behind it (yet)
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def running_now(path, ahead_s=30.0):
+    """Shift a synthetic store's times so that its job looks like it is running now: its newest
+    summary ends ahead_s seconds after this machine's monotonic clock (a watch judges only ranks
+    that are still running)."""
+    import sqlite3
+    conn = sqlite3.connect(path)
+    try:
+        (end,) = conn.execute("SELECT MAX(ts + interval_ns) FROM thread_time").fetchone()
+        delta = time.monotonic_ns() + int(ahead_s * 1e9) - end
+        for table, columns in (("thread_time", ("ts",)), ("events", ("ts",)), ("lost_events", ("ts",)),
+                               ("agent_cost", ("ts",)), ("processes", ("first_seen", "last_seen"))):
+            conn.execute(f"UPDATE {table} SET " + ", ".join(f"{c} = {c} + {delta}" for c in columns))
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def test_a_dead_agent_is_reported_and_the_watch_goes_on_with_the_others(tmp_path):
+    facts = synth.write_nodes(str(tmp_path), synth.SynthSpec(scenario="cpu_hog", events=EVENTS, straggler=1))
+    for f in facts["files"]:
+        running_now(f["path"])
+    tls = TLSOptions(no_tls=True)
+    files = facts["files"]
+    handles = [start_background(f["path"], node=f["node"], listen="127.0.0.1:0", tls=tls) for f in files[:3]]
+    port = _free_port()                             # the fourth agent is a process of its own: it will die
+    agent = subprocess.Popen([STRAGGLER, "serve", "--db", files[3]["path"], "--listen", f"127.0.0.1:{port}", "--no-tls"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        while not any(line.startswith("straggler serve: http") for line in lines) and len(lines) < 10:
+            lines.append(agent.stderr.readline())   # the --no-tls warning, a log line, then the ready line
+        nodes = [f"127.0.0.1:{h.port}" for h in handles] + [f"127.0.0.1:{port}", f"127.0.0.1:{_free_port()}"]
+        ticks = []
+
+        def on_tick(verdict, feeds):
+            ticks.append(verdict.straggler)
+            if len(ticks) == 4:
+                agent.kill()                        # an agent dies during the watch
+
+        code, events = watch.watch(nodes, tls, interval_s=0.5, window_s=5, timeout_s=8, on_tick=on_tick)
+    finally:
+        agent.kill()
+        agent.wait()
+        for h in handles:
+            h.stop()
+    kinds = [(e["event"], e.get("node")) for e in events]
+    assert ("lost", nodes[-1]) in kinds, kinds              # never answered: by its address
+    assert ("lost", "gpu-node-04") in kinds, kinds          # died mid-watch: by its node name
+    assert ("onset", "gpu-node-02") in kinds, kinds         # the straggler is named from the others
+    assert len(ticks) >= 10 and ticks[-1] == "gpu-node-02", ticks   # polls went on after the death
+    assert code == 0 and events[-1]["event"] == "end"
+
+
+def test_a_job_that_has_ended_raises_no_alarm(tmp_path):
+    """The stores of a finished job (their newest summaries minutes old on the node's clock) hold a
+    straggler, but a live watch judges only ranks that are running."""
+    facts = synth.write_nodes(str(tmp_path), synth.SynthSpec(scenario="cpu_hog", events=EVENTS, straggler=1))
+    tls = TLSOptions(no_tls=True)
+    handles = [start_background(f["path"], node=f["node"], listen="127.0.0.1:0", tls=tls) for f in facts["files"]]
+    ticks = []
+    try:
+        code, events = watch.watch([f"127.0.0.1:{h.port}" for h in handles], tls, interval_s=0.5, window_s=5,
+                                   timeout_s=4, on_tick=lambda v, feeds: ticks.append((v.straggler, v.ranks)))
+    finally:
+        for h in handles:
+            h.stop()
+    assert ticks and all(t == (None, 0) for t in ticks), ticks
+    assert [e["event"] for e in events] == ["start", "end"], events
+
+
+def test_watch_with_no_agent_answering_fails_with_one_line(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    proc = subprocess.run([STRAGGLER, "watch", "--nodes", f"127.0.0.1:{dead}", "--no-tls", "--timeout", "3",
+                           "--interval", "0.5", "--window", "2"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    err = proc.stderr.strip().splitlines()
+    assert err[-1].startswith("straggler watch: error: no agent answered"), proc.stderr
+    assert "LOST 127.0.0.1" in proc.stdout
+
+
+# ---------------------------------------------------------------- /metrics and /api/v1/live
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    return Pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def tls_agent(certs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("metrics")
+    facts = synth.write_nodes(str(out), synth.SynthSpec(scenario="cpu_hog", events=EVENTS, straggler=0, nodes=2))
+    path = facts["files"][0]["path"]
+    handle = start_background(path, node=None, listen="127.0.0.1:0", tls=certs.server("127.0.0.1"))
+    handle.db = path
+    yield handle
+    handle.stop()
+
+
+def test_metrics_parse_with_prometheus_clients_parser_and_carry_the_model(certs, tls_agent):
+    from prometheus_client.parser import text_string_to_metric_families
+    conn = http.client.HTTPSConnection("127.0.0.1", tls_agent.port, context=client_context(certs.client()), timeout=10)
+    conn.request("GET", "/metrics")
+    response = conn.getresponse()
+    body = response.read().decode()
+    assert response.status == 200 and response.getheader("Content-Type").startswith("text/plain; version=0.0.4")
+    families = {f.name: f for f in text_string_to_metric_families(body)}
+    wait = {s.labels["wait"]: s.value for s in families["straggler_rank_wait_ratio"].samples}
+    assert set(wait) == {"blocking", "enqueue"} and all(0 <= v <= 1 for v in wait.values())
+    components = {s.labels["component"]: s.value for s in families["straggler_rank_component_ratio"].samples}
+    assert set(components) == {"work", "sync", "coll", "runq", "io", "blocked", "host"}
+    assert abs(sum(components.values()) - 1.0) < 0.02, components    # exclusive parts of the wall time
+    # the synthetic straggler is CPU-starved by a hog: its top thief is named
+    thieves = families["straggler_rank_runq_thief_ratio"].samples
+    assert thieves and thieves[0].labels["thief"] and thieves[0].value > 0
+    assert "straggler_agent_cpu_ratio" in families and "straggler_lost_events" in families
+
+
+def test_metrics_and_live_need_a_client_certificate_on_the_api_port(certs, tls_agent):
+    for path in ("/metrics", "/api/v1/live"):
+        context = ssl.create_default_context(cafile=certs.client().ca)   # trusts the agent, shows no certificate
+        context.check_hostname = False
+        conn = http.client.HTTPSConnection("127.0.0.1", tls_agent.port, context=context, timeout=10)
+        with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
+            conn.request("GET", path)
+            conn.getresponse().read()
+        conn.close()
+
+
+def test_live_returns_the_rows_since_a_time_and_refuses_a_bad_since(certs, tls_agent):
+    conn = http.client.HTTPSConnection("127.0.0.1", tls_agent.port, context=client_context(certs.client()), timeout=10)
+    conn.request("GET", "/api/v1/live")
+    everything = json.loads(conn.getresponse().read())
+    ts = sorted({r[1] for r in everything["thread_time"]})
+    assert len(ts) > 3 and everything["node"] and everything["monotonic_ns"] > 0
+    conn.request("GET", f"/api/v1/live?since={ts[-2]}")
+    later = json.loads(conn.getresponse().read())
+    assert sorted({r[1] for r in later["thread_time"]}) == ts[-2:]
+    conn.request("GET", "/api/v1/live?since=yesterday")
+    response = conn.getresponse()
+    answer = json.loads(response.read())
+    assert response.status == 400 and "since" in answer["error"]
+
+
+def test_plain_metrics_port_is_loopback_only_unless_told(tls_agent, tmp_path):
+    with pytest.raises(StragglerError, match="loopback only"):
+        metrics.start_plain_server(tls_agent.db, "n", "0.0.0.0:0")
+    with pytest.raises(StragglerError, match="loopback only"):
+        metrics.start_plain_server(tls_agent.db, "n", "192.0.2.7:0")
+    server, thread = metrics.start_plain_server(tls_agent.db, "n", "127.0.0.1:0")
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
+        conn.request("GET", "/metrics")
+        response = conn.getresponse()
+        assert response.status == 200 and b"straggler_rank_wait_ratio" in response.read()
+        conn.request("GET", "/api/v1/live")                 # only the metrics on this port
+        response = conn.getresponse()
+        response.read()
+        assert response.status == 404
+    finally:
+        server.shutdown()
+        server.server_close()
+    # told otherwise: any address
+    server, _ = metrics.start_plain_server(tls_agent.db, "n", "0.0.0.0:0", any_address=True)
+    server.shutdown()
+    server.server_close()
+
+
+# ---------------------------------------------------------------- a real job, a real fault, live
+
+@pytest.mark.bpf
+def test_watch_names_a_real_straggler_within_20s_and_reports_its_recovery(testbed, tmp_path_factory):
+    from straggler.demo import harness as hz
+    out = tmp_path_factory.mktemp("watch")
+    h = hz.SyncJobHarness(testbed, out, style="blocking")
+    per_host, nodes, client = h.api_args()
+    dead_ip = next(iter(testbed.dead.values()))
+    nodes.append(f"{dead_ip}:7433")                          # an agent that never answers
+    watch_log = out / "watch.jsonl"
+    proc = None
+    try:
+        h.start_agents(per_host_args=per_host)
+        with open(watch_log, "w") as log:
+            proc = subprocess.Popen([STRAGGLER, "watch", "--json", "--nodes", ",".join(nodes), "--timeout", "400",
+                                     "--ca", client.ca, "--cert", client.cert, "--key", client.key],
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        case = h.run_case("cpu-hog", rank=0, warmup_s=20.0, fault_s=25.0, cooldown_s=20.0)
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        h.close()
+    assert h.leftovers() == []
+    events = [json.loads(line) for line in watch_log.read_text().splitlines() if line.startswith("{")]
+    text = watch_log.read_text()
+    if not case.valid:
+        pytest.skip(f"invalid case: {case.reason}")
+    assert any(e["event"] == "lost" and e["node"] == f"{dead_ip}:7433" for e in events), text
+    onsets = [e for e in events if e["event"] == "onset"]
+    assert onsets, text
+    first = onsets[0]
+    latency_s = (first["mono_ns"] - case.t_fault_ns) / 1e9
+    assert first["mono_ns"] > case.t_fault_ns, f"an alarm before the fault (false alarm): {text}"
+    assert first["node"] == case.node and first["cause"] == "cpu-contention", text
+    assert latency_s <= 20.0, f"named after {latency_s:.1f} s: {text}"
+    recovered = [e for e in events if e["event"] == "recovered" and e["mono_ns"] > first["mono_ns"]]
+    assert recovered and recovered[0]["node"] == case.node, text
+    assert case.t_fault_end_ns < recovered[0]["mono_ns"] < case.t_end_ns, text   # while the job ran on
