@@ -63,6 +63,21 @@ def test_the_rank_that_waits_least_is_the_straggler_and_its_grown_part_is_the_ex
     assert ex[cause] == pytest.approx(0.35)
 
 
+def test_what_the_straggler_always_had_above_the_others_is_not_its_excess():
+    """A rank pinned to a busy core always queued 10 points more than the others; now its own I/O
+    makes it the straggler: the excess is the I/O, not the run queue it always had."""
+    others = [healthy("n1"), healthy("n2"), healthy("n3")]
+    slow = rank("n4", thread(1, sync_ns=0.2, coll_ns=0.0, runq_ns=0.15, io_ns=0.25))
+    baseline = {o.key: o for o in [healthy("n1"), healthy("n2"), healthy("n3")]}
+    baseline[slow.key] = rank("n4", thread(1, sync_ns=0.2, coll_ns=0.3, runq_ns=0.1))
+    ex, _ = model.excess(slow, others, "blocking")                  # without the baseline: runq counts
+    assert ex["runq"] == pytest.approx(0.15)
+    ex, total = model.excess(slow, others, "blocking", baseline)
+    assert max(ex, key=ex.get) == "io"
+    assert ex["runq"] == pytest.approx(0.05) and ex["io"] == pytest.approx(0.25)
+    assert total == pytest.approx(0.4 - 0.1)
+
+
 def test_a_slow_gpu_shows_in_synchronize_with_blocking_collectives():
     ranks = [healthy("n1"), healthy("n2"), healthy("n3"), rank("n4", thread(1, sync_ns=0.55, coll_ns=0.05))]
     verdict = model.find_stragglers(ranks, [], OPTS)

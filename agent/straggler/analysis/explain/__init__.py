@@ -386,7 +386,7 @@ def _cause_findings(report, ctx, rt, others, base):
     node, pid = rt.key
     t0, te, tb, t1 = ctx["win_of"][rt.key]
     recent_s, base_s = (t1 - tb) / 1e9, (te - t0) / 1e9
-    ex, total = model.excess(rt, others, verdict.wait_def)
+    ex, total = model.excess(rt, others, verdict.wait_def, ctx["baseline"])
     explained = sum(ex.values())
     denom = max(total, explained, 1e-9)
     threads_sql = ctx["threads_sql"].strip()

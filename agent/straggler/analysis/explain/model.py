@@ -196,15 +196,28 @@ def find_stragglers(ranks, slices, opts, max_stragglers=2):
     return verdict
 
 
-def excess(straggler, others, wait_def):
+def excess(straggler, others, wait_def, baseline=None):
     """The straggler's components above the others' median (share of wall time), and the excess
-    its peers waited for it (the others' median wait minus its own)."""
+    its peers waited for it (the others' median wait minus its own).
+
+    baseline: {key: RankTime over the baseline}. With the straggler's and some other rank's, what it
+    already had above the others then is not part of its excess now: the cause is what GREW against
+    the others (a rank pinned to a busy core always queues a little more; that is not why it
+    straggles now)."""
     own = [c for c in COMPONENTS if c not in WAIT_DEFS[wait_def]]
+    base = (baseline or {}).get(straggler.key)
+    others_base = [(baseline or {}).get(o.key) for o in others]
+    others_base = [b for b in others_base if b is not None and b.wall_ns]
+    use_base = base is not None and base.wall_ns and others_base
     out = {}
     for c in own:
-        med = median([o.share(c) for o in others])
-        out[c] = max(0.0, straggler.share(c) - med)
+        gap = straggler.share(c) - median([o.share(c) for o in others])
+        if use_base:
+            gap -= max(0.0, base.share(c) - median([b.share(c) for b in others_base]))
+        out[c] = max(0.0, gap)
     total = median([o.wait_share(wait_def) for o in others]) - straggler.wait_share(wait_def)
+    if use_base:
+        total -= max(0.0, median([b.wait_share(wait_def) for b in others_base]) - base.wait_share(wait_def))
     return out, max(total, 0.0)
 
 
