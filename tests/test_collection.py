@@ -2,7 +2,8 @@
 `ansible-test sanity`, the ad hoc query, and a playbook over three inventory hosts (local
 connections, each with its own node database) plus one unreachable host, through query,
 aggregate, clock_facts, collect, merge, explain and export, with the summary callback beside the default,
-a JSON and the JUnit callbacks.
+a JSON and the JUnit callbacks; the watch action against agents serving a running synthetic job,
+and explain's tuning options.
 
 The hosts' Python here is Debian's /usr/bin/python3, which cannot import the straggler package:
 the modules must work through the agent CLI alone. The multi-host SSH path is in
@@ -15,6 +16,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from xml.etree import ElementTree
 from pathlib import Path
 
@@ -289,6 +291,106 @@ def test_check_mode_runs_through_and_writes_nothing(fleet):
     assert not (out / "events.json").exists()
     assert not (out / "collected").exists() and not (out / "cluster.db").exists()
     assert os.listdir(out / "host-tmp") == []
+
+
+def shift_to_now(path, ahead_s=60.0):
+    """Shift a synthetic store's times so that its job looks like it is running now on this
+    machine's monotonic clock (its newest summary ends ahead_s seconds from now): a watch judges
+    only ranks that are still running."""
+    import sqlite3
+    conn = sqlite3.connect(path)
+    try:
+        (end,) = conn.execute("SELECT MAX(ts + interval_ns) FROM thread_time").fetchone()
+        delta = time.monotonic_ns() + int(ahead_s * 1e9) - end
+        for table, columns in (("thread_time", ("ts",)), ("events", ("ts",)), ("lost_events", ("ts",)),
+                               ("agent_cost", ("ts",)), ("processes", ("first_seen", "last_seen"))):
+            conn.execute(f"UPDATE {table} SET " + ", ".join(f"{c} = {c} + {delta}" for c in columns))
+        conn.commit()
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def watched_agents(tmp_path):
+    """Four agents (straggler serve --no-tls, in this process) on a synthetic job whose second node
+    straggles (a CPU hog), running now: what straggler.fleet.watch watches."""
+    from straggler.analysis import synth
+    from straggler.api.server import start_background
+    from straggler.tls import TLSOptions
+    facts = synth.write_nodes(str(tmp_path), synth.SynthSpec(scenario="cpu_hog", events=20000, straggler=1))
+    for entry in facts["files"]:
+        shift_to_now(entry["path"])
+    handles = [start_background(entry["path"], node=entry["node"], listen="127.0.0.1:0", tls=TLSOptions(no_tls=True))
+               for entry in facts["files"]]
+    try:
+        yield dict(nodes=",".join(f"127.0.0.1:{handle.port}" for handle in handles), truth=facts)
+    finally:
+        for handle in handles:
+            handle.stop()
+
+
+def adhoc_result(proc, host="localhost"):
+    """The task result the ad hoc command printed for `host` (`host | STATUS => {...}`)."""
+    head = f"{host} | "
+    start = proc.stdout.index(head)
+    return json.loads(proc.stdout[proc.stdout.index("{", start):])
+
+
+def test_watch_fails_the_task_at_the_straggler_and_check_mode_skips(fleet, watched_agents):
+    assert watched_agents["truth"]["straggler"] == "gpu-node-02"
+    out = fleet["base"] / "watch"
+    args = (f"nodes={watched_agents['nodes']} no_tls=true duration=60 interval=0.5 window=5 "
+            f"dest={out / 'watch.jsonl'}")
+    proc = run([VENV_BIN / "ansible", "localhost", "-m", "straggler.fleet.watch", "-a", args],
+               env=fleet["env"], cwd=fleet["base"], timeout=120)
+    assert proc.returncode == 2, shown(proc)          # the task failed: ansible's exit status for it
+    assert "localhost | FAILED!" in proc.stdout, shown(proc)
+    result = adhoc_result(proc)
+    assert result["straggler"] == "gpu-node-02", result["msg"]
+    assert result["msg"].startswith("straggler: gpu-node-02 rank 1: "), result["msg"]
+    finding = result["finding"]
+    assert finding["event"] == "onset" and finding["node"] == "gpu-node-02" and finding["cause"], finding
+    assert result["lost"] == [] and result["changed"] is True
+    # stopped at the onset, long before the 60 s: the last event ends the watch for the straggler
+    assert result["events"][-1]["event"] == "end" and result["events"][-1]["reason"] == "straggler"
+    assert result["events"][-1]["watch_s"] < 30
+    lines = [json.loads(line) for line in (out / "watch.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in lines] == [e["event"] for e in result["events"]]
+
+    # check mode: nothing is watched (it would only read, for `duration` seconds), the task is skipped
+    env = dict(fleet["env"], ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default")
+    args = f"nodes={watched_agents['nodes']} no_tls=true duration=600 dest={out / 'check.jsonl'}"
+    proc = run([VENV_BIN / "ansible", "localhost", "-m", "straggler.fleet.watch", "-a", args, "--check", "-v"],
+               env=env, cwd=fleet["base"], timeout=60)
+    assert proc.returncode == 0, shown(proc)
+    assert "skipping: [localhost]" in proc.stdout and "check mode: not watching" in proc.stdout, shown(proc)
+    assert not (out / "check.jsonl").exists()
+
+
+def test_explain_takes_min_gap_and_last_and_refuses_the_old_k(fleet):
+    from straggler.analysis import synth
+    cluster = fleet["base"] / "explain-options" / "cluster.db"
+    cluster.parent.mkdir()
+    synth.write_cluster(str(cluster), synth.SynthSpec(nodes=3, events=6000, scenario="io_cpu", straggler=1))
+    proc = run([VENV_BIN / "ansible", "localhost", "-m", "straggler.fleet.explain",
+                "-a", f"db={cluster} min_gap=0.02 baseline_fraction=0.3"], env=fleet["env"], cwd=fleet["base"])
+    assert proc.returncode == 0, shown(proc)
+    result = adhoc_result(proc)
+    assert result["report"]["options"]["min_gap"] == 0.02, result["report"]["options"]   # it reached the core
+    assert result["straggler"] == "gpu-node-02"
+    cause = result["cause"]   # the straggler's main cause, named in the one line
+    assert cause["node"] == "gpu-node-02" and result["msg"].startswith(f"straggler: gpu-node-02: {cause['cause']} ("), result
+
+    proc = run([VENV_BIN / "ansible", "localhost", "-m", "straggler.fleet.explain",
+                "-a", f"db={cluster} last=2"], env=fleet["env"], cwd=fleet["base"])
+    assert proc.returncode == 0, shown(proc)
+    assert adhoc_result(proc)["report"]["options"]["recent_s"] == 2.0
+
+    proc = run([VENV_BIN / "ansible", "localhost", "-m", "straggler.fleet.explain", "-a", f"db={cluster} k=3"],
+               env=fleet["env"], cwd=fleet["base"])
+    assert proc.returncode == 2, shown(proc)
+    message = adhoc_result(proc)["msg"]
+    assert message.startswith("Unsupported parameters") and " module: k. " in message, shown(proc)
 
 
 def test_ansible_test_sanity_passes(sanity_run):

@@ -35,9 +35,9 @@ ARGUMENT_SPEC = dict(
     no_tls=dict(type='bool', default=False),
     timeout=dict(type='float'),
     deadline=dict(type='float'),
-    k=dict(type='float'),
-    min_ratio=dict(type='float'),
     baseline_fraction=dict(type='float'),
+    last=dict(type='float'),
+    min_gap=dict(type='float'),
     fail_on_straggler=dict(type='bool', default=False),
     junit=dict(type='path'),
     markdown=dict(type='path'),
@@ -48,23 +48,22 @@ ARGUMENT_SPEC = dict(
 def explain_options(args):
     """The core's explain options from the task's (unset ones keep the core's defaults)."""
     options = {}
-    for name in ('k', 'min_ratio', 'baseline_fraction'):
+    for name, keyword in (('baseline_fraction', 'baseline_fraction'), ('min_gap', 'min_gap'), ('last', 'recent_s'),
+                          ('timeout', 'timeout_s')):
         if args.get(name) is not None:
-            options[name] = args[name]
-    if args.get('timeout') is not None:
-        options['timeout_s'] = args['timeout']
+            options[keyword] = args[name]
     return options
 
 
-def report_message(report_dict):
-    """One line: the straggler and its main finding, or that there is none."""
-    straggler = report_dict.get('straggler')
+def report_message(straggler, cause=None):
+    """One line: the straggler and the cause that explains most of its excess (the core's
+    explain.top_cause, a dict), or that there is none."""
     if not straggler:
         return 'no straggler found'
-    for finding in report_dict.get('findings') or []:
-        if finding.get('node') == straggler and finding.get('cause') == 'straggler':
-            return 'straggler: %s: %s' % (straggler, finding.get('summary'))
-    return 'straggler: %s' % straggler
+    if not cause:
+        return 'straggler: %s' % straggler
+    return 'straggler: %s: %s (%d%% of its excess): %s' % (
+        straggler, cause.get('cause'), round(100 * (cause.get('share') or 0)), cause.get('summary'))
 
 
 class ActionModule(ActionBase):
@@ -100,6 +99,8 @@ class ActionModule(ActionBase):
             argument_spec=ARGUMENT_SPEC,
             mutually_exclusive=[('db', 'nodes', 'hosts')],
         )
+        if args['last'] is not None and args['last'] <= 0:
+            raise AnsibleActionFail('last must be > 0 seconds')
         if self._task.check_mode and args['db'] and not os.path.exists(os.path.expanduser(args['db'])):
             result.update(skipped=True, changed=False,
                           msg='check mode: %s does not exist yet (the tasks that make it did not run)' % args['db'])
@@ -110,6 +111,9 @@ class ActionModule(ActionBase):
             raise AnsibleActionFail('explain failed: %s' % exc) from None
 
         report_dict = plain(json.loads(json.dumps(report.to_dict(), default=str)))
+        explain = import_core('analysis.explain')
+        top = explain.top_cause(report, report.straggler) if report.straggler else None  # the core's choice
+        cause = plain(json.loads(json.dumps(top.to_dict(), default=str))) if top is not None else None
         outputs = []
         for name, render in (('dest', lambda: json.dumps(report_dict, indent=2) + '\n'),
                              ('markdown', report.to_markdown),
@@ -124,7 +128,8 @@ class ActionModule(ActionBase):
             straggler=report_dict.get('straggler'),
             findings=report_dict.get('findings', []),
             missing=report_dict.get('missing', []),
-            msg=report_message(report_dict),
+            cause=cause,
+            msg=report_message(report_dict.get('straggler'), cause),
         )
         if args['fail_on_straggler'] and result['straggler']:
             result['failed'] = True

@@ -70,18 +70,20 @@ options:
     description:
       - Seconds one fan-out to the agents may take (live explain).
     type: float
-  k:
-    description:
-      - A node is an outlier when it is more than O(k) robust deviations above the other nodes' median
-        (the core's default when not set, 3).
-    type: float
-  min_ratio:
-    description:
-      - ... and at least this many times that median (the core's default when not set, 1.5).
-    type: float
   baseline_fraction:
     description:
-      - The first part of each node's trace that serves as its own baseline (the core's default when not set, 0.25).
+      - The first part of each rank's window that serves as its own baseline (the core's default when not set, 0.25).
+      - Not used with O(last).
+    type: float
+  last:
+    description:
+      - The recent part is each rank's last this many seconds, and what came before it its baseline
+        (C(straggler explain --last)), instead of O(baseline_fraction).
+    type: float
+  min_gap:
+    description:
+      - The straggler waits for its peers at least this share of its time less than the other ranks' median
+        (C(straggler explain --min-gap); the core's default when not set).
     type: float
   fail_on_straggler:
     description:
@@ -145,6 +147,13 @@ straggler:
   returned: success
   type: str
   sample: gpu-node-03
+cause:
+  description:
+    - The finding of the cause (one of the core's cause classes, such as cpu-contention, io-self or gpu-slow) that
+      explains the largest share of the straggler's excess, or null when there is no straggler or no cause.
+    - The same keys as each of RV(findings).
+  returned: success
+  type: dict
 findings:
   description: Ranked findings (severity, node, cause, summary, numbers, sql, sources, recommendation, share).
   returned: success
@@ -165,8 +174,8 @@ written:
   type: list
   elements: str
 msg:
-  description: One line naming the straggler and the main finding, or saying that there is none.
+  description: One line naming the straggler and the cause that explains most of its excess, or saying that there is none.
   returned: always
   type: str
-  sample: 'straggler: gpu-node-03: ...'
+  sample: 'straggler: gpu-node-03: io-self (91% of its excess): ...'
 """

@@ -36,7 +36,8 @@ def test_the_straggler_is_named_with_findings_and_files(action_factory, straggli
     result = run(action_factory, dict(db=straggling_cluster, junit=str(junit), markdown=str(markdown), dest=str(dest)))
     assert not result.get('failed'), result
     assert result['straggler'] == 'gpu-node-02'
-    assert result['msg'].startswith('straggler: gpu-node-02: ')
+    assert result['msg'].startswith('straggler: gpu-node-02: %s (' % result['cause']['cause'])
+    assert result['cause']['node'] == 'gpu-node-02' and result['cause']['share'] > 0
     assert result['findings'][0]['cause'] == 'straggler' and result['findings'][0]['sql']
     assert result['changed'] is True and sorted(result['written']) == sorted([str(dest), str(markdown), str(junit)])
     suite = ElementTree.parse(str(junit)).getroot()
@@ -88,4 +89,5 @@ def test_a_missing_database_and_conflicting_sources_are_refused(action_factory, 
 
 
 def test_only_given_tuning_options_reach_the_core():
-    assert explain_options(dict(k=4.0, min_ratio=None, baseline_fraction=None, timeout=12.0)) == dict(k=4.0, timeout_s=12.0)
+    assert explain_options(dict(min_gap=0.1, last=None, baseline_fraction=None, timeout=12.0)) == dict(min_gap=0.1, timeout_s=12.0)
+    assert explain_options(dict(last=30.0)) == dict(recent_s=30.0)
