@@ -75,7 +75,10 @@ def detection(h, nodes, tls, faults, runs, log):
                        cause=first["cause"] if first else None, cause_ok=bool(first and first["cause"] == CLASSES[fault]),
                        step_moved_s=first.get("step_moved_s") if first else None,
                        recovered_after_s=round((rec[0]["mono_ns"] - case.t_fault_end_ns) / 1e9, 1) if rec else None,
-                       other_onsets=[(e["node"], e["cause"]) for e in onsets if e not in mine and e not in early])
+                       other_onsets=[(e["node"], e["cause"]) for e in onsets if e not in mine and e not in early],
+                       events=[dict(event=e["event"], node=e.get("node"), cause=e.get("cause"),
+                                    at_s=round((e["mono_ns"] - case.t_fault_ns) / 1e9, 1), summary=e.get("summary"))
+                               for e in w.between(case.t_start_ns, case.t_end_ns) if e["event"] != "start"])
             rows.append(row)
             log(f"run {run} {fault:13s} x{case.slowdown:.2f} valid={case.valid} named={row['named']} "
                 f"after={row['latency_s']} s cause={row['cause']} recovered_after={row['recovered_after_s']} s "
@@ -89,8 +92,9 @@ def false_alarms(h, nodes, tls, fault, seconds, log):
     onsets = w.between(case.t_start_ns, case.t_end_ns, "onset")
     log(f"{fault}: {seconds:g} s, x{case.slowdown:.2f}, onsets {len(onsets)}: {[(e['node'], e['cause']) for e in onsets]}")
     return dict(fault=fault, seconds=seconds, slowdown=round(case.slowdown, 2),
-                onsets=[dict(node=e["node"], cause=e["cause"], at_s=round((e["mono_ns"] - case.t_start_ns) / 1e9, 1))
-                        for e in onsets])
+                onsets=[dict(node=e["node"], cause=e["cause"], at_s=round((e["mono_ns"] - case.t_start_ns) / 1e9, 1),
+                             wait_pct=e.get("wait_pct"), others_wait_pct=e.get("others_wait_pct"),
+                             step_moved_s=e.get("step_moved_s"), summary=e.get("summary")) for e in onsets])
 
 
 def agent_cpu(h, t0_ns, t1_ns):
@@ -152,6 +156,22 @@ def cost(bed, out, seconds, log):
         log(f"cost: {label}: {per_agent}")
     a, b = (results[k]["mean_cpu_pct"] for k in results)
     results["added_cpu_pct_of_a_core"] = round(b - a, 3) if a is not None and b is not None else None
+    # the readers' part, measured directly on a real agent's store: CPU per /api/v1/live answer and
+    # per /metrics rendering (one of each per second per watcher / scraper)
+    from straggler.api import metrics
+    from straggler.store.live import live_summary
+    db = sorted(h.agent_dbs.values())[0]
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    (newest,) = conn.execute("SELECT MAX(ts) FROM thread_time").fetchone()
+    conn.close()
+    for name, fn in (("live_answer_ms_cpu", lambda: live_summary(db, newest - 2_000_000_000)),
+                     ("metrics_render_ms_cpu", lambda: metrics.render(db, "n"))):
+        t0 = time.process_time()
+        for _ in range(50):
+            fn()
+        results[name] = round((time.process_time() - t0) / 50 * 1000, 3)
+    log(f"cost: per second: a /live answer {results['live_answer_ms_cpu']} ms CPU, a /metrics rendering "
+        f"{results['metrics_render_ms_cpu']} ms CPU")
     return results
 
 

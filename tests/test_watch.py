@@ -37,8 +37,9 @@ STRAGGLER = str(REPO / ".venv" / "bin" / "straggler")
 
 # ---------------------------------------------------------------- the Tracker (pure)
 
-def V(node=None, cause=None):
-    return watch.Verdict(straggler=node, cause=cause, rank=0 if node else None)
+def V(node=None, cause=None, moved=True):
+    return watch.Verdict(straggler=node, cause=cause, rank=0 if node else None,
+                         step_moved_s=3.0 if node and moved else None)
 
 
 def feed_verdicts(tracker, verdicts):
@@ -53,6 +54,12 @@ def test_one_noisy_poll_raises_no_alarm_two_in_a_row_do():
     assert feed_verdicts(t, [V(), V("a", "host-compute"), V(), V("b", "gpu-slow"), V()]) == []
     t = watch.Tracker(confirm=2, clear=3)
     assert feed_verdicts(t, [V(), V("a", "host-compute"), V("a", "host-compute")]) == [(2, "onset", "a", "host-compute")]
+
+
+def test_the_slowest_rank_raises_no_alarm_while_the_step_time_did_not_move():
+    t = watch.Tracker(confirm=2, clear=3)
+    assert feed_verdicts(t, [V("a", "host-compute", moved=False)] * 5) == []
+    assert feed_verdicts(t, [V("a", "host-compute")]) == [(0, "onset", "a", "host-compute")]
 
 
 def test_a_short_gap_does_not_end_an_alarm_a_long_one_does():

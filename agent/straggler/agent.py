@@ -4,7 +4,8 @@ exits 0).
 
 Flow (one way): probes (bpf/, probes/) -> this loop (drain, decode, stamp ranks, aggregate per
 interval) -> store/writer.py (one writer thread) -> SQLite. Every `--interval` seconds it writes
-the interval's aggregates, lost events, its own cost and a clock pair. Every `--rescan` seconds
+the interval's aggregates, lost events, its own cost and a clock pair; every `--summary-interval`
+seconds (1) the step-time model's summaries (thread_time: what explain, watch and /metrics read). Every `--rescan` seconds
 it looks in /proc for new targets, scope members and CUDA libraries (attached at once, no
 restart). When all probes are attached it prints ONE line to stderr, the ready signal:
 

@@ -8,8 +8,11 @@ every node's rows into one in-memory store with the agents' own schema and runs 
 each rank's last --window seconds, the baseline what came before it.
 
 It prints a line only when the verdict changes (Tracker):
-  onset         a straggler is named in CONFIRM_TICKS polls in a row: node, rank, cause, the share of
-                its excess the cause explains, and how long ago the job's step time moved
+  onset         a straggler is named in CONFIRM_TICKS polls in a row AND the job's step time moved
+                (its step rate fell below STEP_MOVED_RATIO of the rate before the window and stayed
+                there): node, rank, cause, the share of its excess the cause explains, and how long
+                ago the step time moved. A rank that was the slowest all along, with no change in
+                the step time, is no onset (straggler explain names it)
   cause-change  the same straggler, another cause (CONFIRM_TICKS in a row)
   recovered     no straggler named for CLEAR_TICKS polls in a row (or the job's ranks are gone)
   lost / back   a node stops answering / answers again (the watch goes on with the others)
@@ -257,8 +260,8 @@ def evaluate(feeds, window_s, baseline_s, min_gap=None):
 class Tracker:
     """Verdicts in, events out: only when something changes (see the module docstring)."""
 
-    def __init__(self, confirm=CONFIRM_TICKS, clear=CLEAR_TICKS):
-        self.confirm, self.clear = confirm, clear
+    def __init__(self, confirm=CONFIRM_TICKS, clear=CLEAR_TICKS, require_moved=True):
+        self.confirm, self.clear, self.require_moved = confirm, clear, require_moved
         self.current = None        # the Verdict of the straggler being reported (None: healthy)
         self.onset_mono_ns = None
         self._candidate, self._candidate_n = None, 0     # the name named in the last polls, how many in a row
@@ -291,7 +294,7 @@ class Tracker:
         else:
             self._candidate, self._candidate_n = name, 1 if name is not None else 0
         if self.current is None:
-            if name is not None and self._candidate_n >= self.confirm:
+            if name is not None and self._candidate_n >= self.confirm and self._moved(v):
                 self._start(v, now)
                 events.append(_finding_event("onset", v))
             return events
@@ -309,7 +312,7 @@ class Tracker:
                 events.append(dict(_finding_event("cause-change", v), previous_cause=previous))
             return events
         self._clear_n += 1
-        switch = name is not None and self._candidate_n >= self.confirm
+        switch = name is not None and self._candidate_n >= self.confirm and self._moved(v)
         if self._clear_n >= self.clear or switch:
             events.append(dict(event="recovered", node=self.current.straggler, rank=self.current.rank,
                                cause=self.current.cause, lasted_s=round((now - self.onset_mono_ns) / 1e9, 1)))
@@ -318,6 +321,11 @@ class Tracker:
                 self._start(v, now)
                 events.append(_finding_event("onset", v))
         return events
+
+    def _moved(self, v):
+        """An onset is a change: the job's step time must have moved (its step rate fell and stayed
+        down), not only one rank be the slowest — a rank that always was is explain's to name."""
+        return not self.require_moved or v.step_moved_s is not None
 
     def _start(self, v, now):
         self.current, self.onset_mono_ns = v, now
@@ -584,7 +592,7 @@ class _LiveTable:
         for f in feeds:
             n = rows.get(f.node, {})
             offset = "" if f.offset_ns is None else f"{f.offset_ns / 1e6:+.1f} ms"
-            t.add_row(f.node or f.address, f.status, str(n.get("rank", "")), _pct(n.get("wait_pct")),
+            t.add_row(f.node or f.address, "ok" if f.status in ("ok", "empty") else f.status, str(n.get("rank", "")), _pct(n.get("wait_pct")),
                       _pct(n.get("runq_pct")), _pct(n.get("host_pct")), _pct(n.get("sync_pct")), _pct(n.get("io_pct")),
                       offset, (n.get("role") or "") + (f" ({verdict.cause})" if n.get("role") else ""))
         self.live.update(t)

@@ -615,6 +615,10 @@ def build_arg_parser():
     p.add_argument("--no-agents", action="store_true", help="the job and faults only")
     p.add_argument("--job-nice", type=int, default=JOB_NICE, help=f"the ranks' autogroup nice (default {JOB_NICE})")
     p.add_argument("--repeat", type=int, default=1, help="run the list of faults this many times")
+    p.add_argument("--cooldown-s", type=float, default=0.0, help="the job runs on clean this long after each fault")
+    p.add_argument("--watch", action="store_true",
+                   help="the agents serve their API (mutual TLS) and `straggler watch` runs beside the job, its "
+                        "lines printed as they come (with a cool-down of 20 s unless --cooldown-s says otherwise)")
     return p
 
 
@@ -636,17 +640,25 @@ def main(argv=None):
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, on_term)
     bed = harness = None
+    watchers = []
     rc = 0
     try:
         bed = testbed.up(hosts=4, dead=0, testbed_id=args.testbed_id, _lock_held=True)
         harness = SyncJobHarness(bed, args.out, style=args.style, job_nice=args.job_nice)
+        per_host, nodes, client = (harness.api_args() if args.watch else (None, None, None))
         if not args.no_agents:
             t0 = time.monotonic()
-            harness.start_agents()
+            harness.start_agents(per_host_args=per_host)
             print(f"agents tracing after {time.monotonic() - t0:.0f}s", flush=True)
+        if args.watch:
+            watcher = subprocess.Popen([harness.straggler_bin, "watch", "--nodes", ",".join(nodes), "--ca", client.ca,
+                                        "--cert", client.cert, "--key", client.key], start_new_session=True)
+            watchers.append(watcher)
+        cooldown = args.cooldown_s or (20.0 if args.watch else 0.0)
         for fault in faults * max(1, args.repeat):
             t0 = time.monotonic()
-            r = harness.run_case(fault, rank=args.rank, warmup_s=args.warmup_s, fault_s=args.fault_s)
+            r = harness.run_case(fault, rank=args.rank, warmup_s=args.warmup_s, fault_s=args.fault_s,
+                                 cooldown_s=cooldown)
             per_rank = " ".join(f"r{k}:{r.step_ms_before[k]:.1f}->{r.step_ms_during[k]:.1f}" for k in sorted(r.step_ms_before))
             print(f"{fault:16s} {args.style:8s} slowdown x{r.slowdown:.2f} valid={r.valid} ({r.reason}) "
                   f"[{per_rank}] {time.monotonic() - t0:.0f}s", flush=True)
@@ -659,6 +671,13 @@ def main(argv=None):
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
+            for watcher in watchers:
+                watcher.terminate()
+                try:
+                    watcher.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    watcher.kill()
+                    watcher.wait()
             if harness is not None:
                 harness.close()
         finally:
