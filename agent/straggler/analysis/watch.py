@@ -14,7 +14,9 @@ It prints a line only when the verdict changes (Tracker):
                 ago the step time moved. A rank that was the slowest all along, with no change in
                 the step time, is no onset (straggler explain names it)
   cause-change  the same straggler, another cause (CONFIRM_TICKS in a row)
-  recovered     no straggler named for CLEAR_TICKS polls in a row (or the job's ranks are gone)
+  recovered     no straggler named for CLEAR_TICKS polls in a row (or the job's ranks are gone), or
+                the job's step rate is back above RECOVERED_RATIO of its rate before the onset for as
+                long (a rank that stays a little slower than the others, but no longer slows the job)
   lost / back   a node stops answering / answers again (the watch goes on with the others)
 Text lines for people, JSON lines (--json) for machines. --exec runs a command at each onset
 with the finding as JSON on its stdin and in STRAGGLER_* variables; --until-straggler ends the
@@ -28,6 +30,7 @@ import json
 import os
 import signal
 import sqlite3
+import statistics
 import subprocess
 import sys
 import threading
@@ -44,6 +47,7 @@ CLEAR_TICKS = 3              # recovered after this many polls in a row without 
 STALE_S = 4.0                # a rank whose newest summary is this much older than its node's newest is gone
 SETTLE_S = 5.0               # a rank is judged once it has run the window + this long (a job's start is no onset)
 STEP_MOVED_RATIO = 0.85      # the step rate fell below this share of its baseline: "the step time moved"
+RECOVERED_RATIO = 0.9        # ... and is back above this share of its rate before the onset: recovered
 EXEC_TIMEOUT_S = 60.0
 EXIT_STRAGGLER = 1
 EXIT_NO_AGENT = 3
@@ -174,32 +178,35 @@ def build_store(feeds, min_span_ns=0):
     return conn
 
 
-def step_moved_ago_s(conn, node, pid, node_now_ns, window_ns):
-    """How long ago the rank's step rate (calls per second of its calling thread) fell below
-    STEP_MOVED_RATIO of its rate before the recent window and stayed there; None if it did not."""
+def step_rates(conn, node, pid, node_now_ns, window_ns):
+    """The rank's step rate (calls per second of its calling thread: in a lockstep job, the job's
+    step rate up to a constant) -> (rate before the recent window, rate now, seconds since it fell
+    below STEP_MOVED_RATIO of the rate before and stayed there, or None). Rates are medians of
+    whole intervals (the newest, possibly partial, is left out); None where there are too few."""
     rows = conn.execute("SELECT ts, interval_ns, calls, tid FROM thread_time WHERE node = ? AND pid = ? ORDER BY ts",
                         (node, pid)).fetchall()
     if not rows:
-        return None
+        return None, None, None
     per_tid = {}
     for ts, iv, calls, tid in rows:
         per_tid[tid] = per_tid.get(tid, 0) + calls
     main = max(per_tid, key=per_tid.get)
-    series = [(ts, iv, calls) for ts, iv, calls, tid in rows if tid == main]
+    series = [(ts, c * 1e9 / iv) for ts, iv, c, tid in rows if tid == main][:-1]
+    if not series:
+        return None, None, None
     newest = series[-1][0]
-    base = sorted(c * 1e9 / iv for ts, iv, c in series[1:] if ts < newest - window_ns)
-    if len(base) < 3:
-        return None
-    base_rate = base[len(base) // 2]
+    base = [r for ts, r in series if ts < newest - window_ns]
+    base_rate = statistics.median(base) if len(base) >= 3 else None
+    now_rate = statistics.median([r for _, r in series[-3:]])
+    if base_rate is None:
+        return None, now_rate, None
     moved = None
-    for ts, iv, c in reversed(series[:-1]):     # the newest interval may be partial: judged by the ones before
-        if c * 1e9 / iv < STEP_MOVED_RATIO * base_rate:
+    for ts, r in reversed(series):
+        if r < STEP_MOVED_RATIO * base_rate:
             moved = ts
         else:
             break
-    if moved is None:
-        return None
-    return max(0.0, (node_now_ns - moved) / 1e9)
+    return base_rate, now_rate, None if moved is None else max(0.0, (node_now_ns - moved) / 1e9)
 
 
 # ---------------------------------------------------------------- the verdict over time
@@ -215,6 +222,8 @@ class Verdict:
     wait_pct: float = None
     others_wait_pct: float = None
     step_moved_s: float = None
+    step_rate: float = None          # the straggler's step rate now (calls/s of its calling thread)
+    base_step_rate: float = None     # ... before the recent window
     ranks: int = 0
     device_wide: bool = False
     report: object = None
@@ -245,8 +254,8 @@ def evaluate(feeds, window_s, baseline_s, min_gap=None):
                 feed = next((f for f in feeds if f.node == v.straggler), None)
                 if feed is not None and feed.node_mono_ns is not None:
                     lag = time.monotonic_ns() - (feed.polled_mono_ns or time.monotonic_ns())
-                    v.step_moved_s = step_moved_ago_s(conn, v.straggler, v.pid, feed.node_mono_ns + lag,
-                                                      int(window_s * 1e9))
+                    v.base_step_rate, v.step_rate, v.step_moved_s = step_rates(
+                        conn, v.straggler, v.pid, feed.node_mono_ns + lag, int(window_s * 1e9))
             top = explain.top_cause(report, v.straggler)
             if top is not None:
                 v.cause, v.share, v.summary = top.cause, round(top.share, 3), top.summary
@@ -267,6 +276,8 @@ class Tracker:
         self._candidate, self._candidate_n = None, 0     # the name named in the last polls, how many in a row
         self._cause_candidate, self._cause_n = None, 0
         self._clear_n = 0
+        self._back_n = 0
+        self.current_ref_rate = None
         self.node_state = {}       # address -> "ok" | "lost"
 
     def nodes(self, feeds):
@@ -300,6 +311,16 @@ class Tracker:
             return events
         if name == self.current.straggler:
             self._clear_n = 0
+            ref = self.current_ref_rate
+            if ref and v.step_rate is not None and v.step_rate >= RECOVERED_RATIO * ref:
+                self._back_n += 1
+                if self._back_n >= self.clear:   # still the slowest, but the job's step time is back
+                    events.append(self._recovered(now, "the step time is back to %.0f%% of before the onset"
+                                                  % (100 * v.step_rate / ref)))
+                    self.current = None
+                    return events
+            else:
+                self._back_n = 0
             if v.cause == self.current.cause:
                 self._cause_candidate, self._cause_n = None, 0
                 self.current = v
@@ -314,8 +335,8 @@ class Tracker:
         self._clear_n += 1
         switch = name is not None and self._candidate_n >= self.confirm and self._moved(v)
         if self._clear_n >= self.clear or switch:
-            events.append(dict(event="recovered", node=self.current.straggler, rank=self.current.rank,
-                               cause=self.current.cause, lasted_s=round((now - self.onset_mono_ns) / 1e9, 1)))
+            events.append(self._recovered(now, "another rank is the straggler now" if switch
+                                          else "no longer the rank that waits least"))
             self.current = None
             if switch:
                 self._start(v, now)
@@ -329,7 +350,12 @@ class Tracker:
 
     def _start(self, v, now):
         self.current, self.onset_mono_ns = v, now
-        self._cause_candidate, self._cause_n, self._clear_n = None, 0, 0
+        self.current_ref_rate = v.base_step_rate       # the step rate before the onset
+        self._cause_candidate, self._cause_n, self._clear_n, self._back_n = None, 0, 0, 0
+
+    def _recovered(self, now, reason):
+        return dict(event="recovered", node=self.current.straggler, rank=self.current.rank, cause=self.current.cause,
+                    lasted_s=round((now - self.onset_mono_ns) / 1e9, 1), reason=reason)
 
 
 def _finding_event(kind, v):
@@ -448,7 +474,8 @@ def format_event(e):
         head = "STRAGGLER" if kind == "onset" else f"CAUSE CHANGED (was {e.get('previous_cause')})"
         return f"{t} {head} {e['node']}{rank}: {e['cause']}{share}{waits}{moved}\n         {e.get('summary', '')}"
     if kind == "recovered":
-        return f"{t} RECOVERED {e['node']}: no longer the straggler ({e.get('cause')} lasted {e['lasted_s']:g} s)"
+        return (f"{t} RECOVERED {e['node']}: {e.get('reason') or 'no longer the straggler'} "
+                f"({e.get('cause')} lasted {e['lasted_s']:g} s)")
     if kind == "lost":
         return f"{t} LOST {e['node']} ({e['status']}): {e['message']}; watching the others"
     if kind == "back":
