@@ -293,23 +293,6 @@ def test_check_mode_runs_through_and_writes_nothing(fleet):
     assert os.listdir(out / "host-tmp") == []
 
 
-def shift_to_now(path, ahead_s=60.0):
-    """Shift a synthetic store's times so that its job looks like it is running now on this
-    machine's monotonic clock (its newest summary ends ahead_s seconds from now): a watch judges
-    only ranks that are still running."""
-    import sqlite3
-    conn = sqlite3.connect(path)
-    try:
-        (end,) = conn.execute("SELECT MAX(ts + interval_ns) FROM thread_time").fetchone()
-        delta = time.monotonic_ns() + int(ahead_s * 1e9) - end
-        for table, columns in (("thread_time", ("ts",)), ("events", ("ts",)), ("lost_events", ("ts",)),
-                               ("agent_cost", ("ts",)), ("processes", ("first_seen", "last_seen"))):
-            conn.execute(f"UPDATE {table} SET " + ", ".join(f"{c} = {c} + {delta}" for c in columns))
-        conn.commit()
-    finally:
-        conn.close()
-
-
 @pytest.fixture
 def watched_agents(tmp_path):
     """Four agents (straggler serve --no-tls, in this process) on a synthetic job whose second node
@@ -319,7 +302,7 @@ def watched_agents(tmp_path):
     from straggler.tls import TLSOptions
     facts = synth.write_nodes(str(tmp_path), synth.SynthSpec(scenario="cpu_hog", events=20000, straggler=1))
     for entry in facts["files"]:
-        shift_to_now(entry["path"])
+        synth.shift_to_now(entry["path"])
     handles = [start_background(entry["path"], node=entry["node"], listen="127.0.0.1:0", tls=TLSOptions(no_tls=True))
                for entry in facts["files"]]
     try:

@@ -99,27 +99,10 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def running_now(path, ahead_s=30.0):
-    """Shift a synthetic store's times so that its job looks like it is running now: its newest
-    summary ends ahead_s seconds after this machine's monotonic clock (a watch judges only ranks
-    that are still running)."""
-    import sqlite3
-    conn = sqlite3.connect(path)
-    try:
-        (end,) = conn.execute("SELECT MAX(ts + interval_ns) FROM thread_time").fetchone()
-        delta = time.monotonic_ns() + int(ahead_s * 1e9) - end
-        for table, columns in (("thread_time", ("ts",)), ("events", ("ts",)), ("lost_events", ("ts",)),
-                               ("agent_cost", ("ts",)), ("processes", ("first_seen", "last_seen"))):
-            conn.execute(f"UPDATE {table} SET " + ", ".join(f"{c} = {c} + {delta}" for c in columns))
-        conn.commit()
-    finally:
-        conn.close()
-
-
 def test_a_dead_agent_is_reported_and_the_watch_goes_on_with_the_others(tmp_path):
     facts = synth.write_nodes(str(tmp_path), synth.SynthSpec(scenario="cpu_hog", events=EVENTS, straggler=1))
     for f in facts["files"]:
-        running_now(f["path"])
+        synth.shift_to_now(f["path"])
     tls = TLSOptions(no_tls=True)
     files = facts["files"]
     handles = [start_background(f["path"], node=f["node"], listen="127.0.0.1:0", tls=tls) for f in files[:3]]

@@ -496,3 +496,21 @@ def main(argv=None):
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def shift_to_now(path, ahead_s=60.0):
+    """Shift a synthetic store's times so that its job looks like it is running now on this
+    machine's CLOCK_MONOTONIC: its newest summary ends ahead_s seconds from now (a live watch
+    judges only ranks that are still running; the rows do not change otherwise)."""
+    import time
+    conn = sqlite3.connect(path)
+    try:
+        (end,) = conn.execute("SELECT MAX(ts + interval_ns) FROM thread_time").fetchone()
+        delta = time.monotonic_ns() + int(ahead_s * 1e9) - end
+        for table, columns in (("thread_time", ("ts",)), ("events", ("ts",)), ("lost_events", ("ts",)),
+                               ("agent_cost", ("ts",)), ("processes", ("first_seen", "last_seen")),
+                               ("clock_pairs", ("mono_ns",))):
+            conn.execute(f"UPDATE {table} SET " + ", ".join(f"{c} = {c} + {delta}" for c in columns))
+        conn.commit()
+    finally:
+        conn.close()

@@ -662,6 +662,11 @@ def main(argv=None):
             per_rank = " ".join(f"r{k}:{r.step_ms_before[k]:.1f}->{r.step_ms_during[k]:.1f}" for k in sorted(r.step_ms_before))
             print(f"{fault:16s} {args.style:8s} slowdown x{r.slowdown:.2f} valid={r.valid} ({r.reason}) "
                   f"[{per_rank}] {time.monotonic() - t0:.0f}s", flush=True)
+            if args.watch:
+                def wall(t_ns):
+                    return time.strftime("%H:%M:%S", time.localtime(time.time() - (time.monotonic_ns() - t_ns) / 1e9))
+                print(f"{fault} on {r.node or 'no node'}: from {wall(r.t_fault_ns)} to {wall(r.t_fault_end_ns)}; "
+                      f"the job ran on until {wall(r.t_end_ns)}", flush=True)
             rc = rc or (0 if r.valid else 1)
     except KeyboardInterrupt:
         rc = 130
