@@ -5,7 +5,9 @@ test bed, real agents serving their API with mutual TLS, one real fault on one r
   cause right), and fault end -> recovered; targets: median <= 10 s, every run <= 20 s;
 - false alarms: onsets over a clean run (--clean-s, default 600 s) and over a machine-wide load
   step on every node (load-all): target 0;
-- cost: each agent's CPU (its own agent_cost rows) over the same clean job, measured twice in
+- cost: the summaries' own CPU (the agent measures it: status's summary_cpu_percent), the CPU of
+  a /api/v1/live answer and of a /metrics rendering, and each agent's CPU (its own agent_cost
+  rows) over the same clean job, measured twice in
   the same run — with the summaries only every --interval (5 s, as before the watch) and nobody
   polling, then with 1 s summaries, the watch polling /api/v1/live every second and /metrics
   scraped every second — and the difference.
@@ -151,8 +153,11 @@ def cost(bed, out, seconds, log):
             per_agent = agent_cpu(h, case.t_fault_ns, case.t_fault_end_ns)
         finally:
             h.close()
+        from straggler.status import collect_status
+        summaries = {host: collect_status(db).get("summary_cpu_percent") for host, db in h.agent_dbs.items()}
         values = [v for v in per_agent.values() if v is not None]
-        results[label] = dict(per_agent_cpu_pct=per_agent, mean_cpu_pct=round(statistics.mean(values), 3) if values else None)
+        results[label] = dict(per_agent_cpu_pct=per_agent, mean_cpu_pct=round(statistics.mean(values), 3) if values else None,
+                              summary_cpu_pct=summaries)
         log(f"cost: {label}: {per_agent}")
     a, b = (results[k]["mean_cpu_pct"] for k in results)
     results["added_cpu_pct_of_a_core"] = round(b - a, 3) if a is not None and b is not None else None

@@ -142,6 +142,7 @@ class Agent:
         self.thread_calls_seen = {}  # tid -> the kernel's running call totals at the last interval
         self.api = None
         self.metrics_server = None
+        self.summary_cpu_ns = 0    # CPU the step-time summaries took (this thread), since the start
 
     # ---- identity --------------------------------------------------------------------------
     def rank_of(self, pid):
@@ -397,11 +398,15 @@ class Agent:
             info.dirty = False
         self.writer.submit("processes", process_rows)
         self.writer.set_meta("agent_heartbeat_ns", now_ns)
+        self.writer.set_meta("agent_summary_cpu_ns", self.summary_cpu_ns)
 
     def _summary(self, summary_start):
-        """Close a summary interval: the step-time model's rows (thread_time) since the last one."""
+        """Close a summary interval: the step-time model's rows (thread_time) since the last one.
+        Its own CPU (this thread's) is added up in meta agent_summary_cpu_ns, for status and bench."""
+        started = time.thread_time_ns()
         self._drain()
         self.writer.submit("thread_time", self._thread_time_rows(summary_start, self.opts.summary_ns))
+        self.summary_cpu_ns += time.thread_time_ns() - started
 
     def _thread_time_rows(self, interval_start, length):
         """The step-time model's rows for this interval: per traced thread, the call time by class

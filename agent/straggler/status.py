@@ -80,6 +80,12 @@ def collect_status(db_path) -> dict:
         status.update(_lost(conn))
         status["summary_interval_s"] = (int(meta["agent_summary_interval_ns"]) / 1e9
                                         if str(meta.get("agent_summary_interval_ns", "")).isdigit() else None)
+        status["summary_cpu_percent"] = None
+        started, cpu = meta.get("agent_started_ns", ""), meta.get("agent_summary_cpu_ns", "")
+        heartbeat = meta.get("agent_heartbeat_ns", "")
+        if str(started).isdigit() and str(cpu).isdigit() and str(heartbeat).isdigit() and int(heartbeat) > int(started):
+            # the step-time summaries' own CPU over the agent's run (part of the agent CPU above)
+            status["summary_cpu_percent"] = round(100.0 * int(cpu) / (int(heartbeat) - int(started)), 3)
         status["summary_age_s"] = None
         if _table_exists(conn, "thread_time"):
             newest = conn.execute("SELECT MAX(ts + interval_ns) FROM thread_time").fetchone()[0]
@@ -155,7 +161,9 @@ def format_status(status):
         ("agent CPU", show(status["agent_cpu_percent"], "{}% of one core (probes, writer, summaries, API)")),
         ("step-time summaries", "-" if status.get("summary_interval_s") is None else
          f"every {status['summary_interval_s']:g} s" + ("" if status.get("summary_age_s") is None else
-                                                       f", newest {status['summary_age_s']:g} s old")),
+                                                       f", newest {status['summary_age_s']:g} s old")
+         + ("" if status.get("summary_cpu_percent") is None else
+            f", {status['summary_cpu_percent']:g}% of one core to make")),
         ("agent RSS", _human_bytes(status["agent_rss_bytes"])),
         ("lost events", f"{status['lost_events_total']} total, {status['lost_events_recent']} in the last minute"),
         ("DB size", f"{_human_bytes(status['db_size_bytes'])} (WAL {_human_bytes(status['wal_bytes'])})"),
