@@ -300,7 +300,8 @@ def watched_agents(tmp_path):
     from straggler.analysis import synth
     from straggler.api.server import start_background
     from straggler.tls import TLSOptions
-    facts = synth.write_nodes(str(tmp_path), synth.SynthSpec(scenario="cpu_hog", events=20000, straggler=1))
+    facts = synth.write_nodes(str(tmp_path), synth.SynthSpec(scenario="cpu_hog", events=48000, straggler=1,
+                                                                     interference_start=0.7))
     for entry in facts["files"]:
         synth.shift_to_now(entry["path"])
     handles = [start_background(entry["path"], node=entry["node"], listen="127.0.0.1:0", tls=TLSOptions(no_tls=True))

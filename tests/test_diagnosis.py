@@ -9,7 +9,10 @@ not called a writer; the trainer's own threads are never recommended to be moved
 
 The matrix over many runs and both collective styles is `make bench` (bench/bench_diagnosis.py).
 """
+import json
+import signal
 import sqlite3
+import subprocess
 
 import pytest
 
@@ -28,7 +31,8 @@ def harness(testbed, tmp_path_factory):
     out = tmp_path_factory.mktemp("diagnosis")
     h = hz.SyncJobHarness(testbed, out, style="blocking")
     try:
-        h.start_agents()
+        per_host, h.api_nodes, h.api_client = h.api_args()     # the agents serve their API too (the watch)
+        h.start_agents(per_host_args=per_host)
         yield h
     finally:
         h.close()
@@ -76,3 +80,41 @@ def test_one_fault_on_one_node_names_that_node_and_the_cause_class(harness, tmp_
 # and the machine's other work leave one rank consistently slower now and then (it is then really the
 # slowest rank of that job). "A clean run names nobody" on a real job is asserted by
 # tests/test_acceptance.py (its clean phase), and on synthetic stores by tests/test_analysis_explain.py.
+
+
+def test_watch_names_a_real_straggler_within_20s_and_reports_its_recovery(harness, tmp_path):
+    """`straggler watch --json` beside the job (mutual TLS to the same agents, plus an address with no
+    agent): the CPU hog started at T is named — its node, cpu-contention — after T and before T + 20 s,
+    the dead address is reported, and the hog's removal is reported as a recovery while the job runs on."""
+    dead_ip = next(iter(harness.bed.dead.values()))
+    nodes = harness.api_nodes + [f"{dead_ip}:7433"]
+    client = harness.api_client
+    watch_log = tmp_path / "watch.jsonl"
+    with open(watch_log, "w") as log:
+        proc = subprocess.Popen([harness.straggler_bin, "watch", "--json", "--nodes", ",".join(nodes), "--timeout", "300",
+                                 "--ca", client.ca, "--cert", client.cert, "--key", client.key],
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        case = harness.run_case("cpu-hog", rank=0, warmup_s=20.0, fault_s=18.0, cooldown_s=16.0)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    text = watch_log.read_text()
+    events = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    if not case.valid:
+        pytest.skip(f"invalid case: {case.reason}")
+    assert any(e["event"] == "lost" and e["node"] == f"{dead_ip}:7433" for e in events), text
+    onsets = [e for e in events if e["event"] == "onset"]
+    assert onsets, text
+    first = onsets[0]
+    latency_s = (first["mono_ns"] - case.t_fault_ns) / 1e9
+    assert first["mono_ns"] > case.t_fault_ns, f"an alarm before the fault (a false alarm): {text}"
+    assert first["node"] == case.node and first["cause"] == "cpu-contention", text
+    assert latency_s <= 20.0, f"named after {latency_s:.1f} s: {text}"
+    recovered = [e for e in events if e["event"] == "recovered" and e["mono_ns"] > first["mono_ns"]]
+    assert recovered and recovered[0]["node"] == case.node, text
+    assert case.t_fault_end_ns < recovered[0]["mono_ns"] < case.t_end_ns, text   # while the job ran on

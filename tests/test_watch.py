@@ -1,9 +1,9 @@
 """`straggler watch` and the agent's live surfaces (/api/v1/live, /metrics).
 
 What a user would notice:
-- on a real synchronous job (straggler.demo.harness, real eBPF agents serving mutual TLS), a fault
-  started at T is named — right node, right cause — before T + 20 s, never before T, and its end is
-  reported as a recovery while the job runs on;
+- on a real synchronous job (tests/test_diagnosis.py, which shares its agents) a fault started at
+  T is named — right node, right cause — before T + 20 s, never before T, and its end is reported
+  as a recovery while the job runs on;
 - a dead agent is reported and the watch goes on naming the straggler from the others;
 - one noisy poll never raises an alarm, a short gap never ends one (Tracker);
 - /metrics parses with prometheus-client's own parser, needs a client certificate on the API port,
@@ -11,14 +11,9 @@ What a user would notice:
 """
 import http.client
 import json
-import os
-import signal
 import socket
 import ssl
 import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -90,7 +85,7 @@ def test_another_node_taking_over_ends_the_first_and_starts_the_second():
 
 # ---------------------------------------------------------------- watch over real servers (synthetic stores)
 
-EVENTS = 20000
+EVENTS = 48000      # about 22 s of a synthetic job: a live watch judges a rank after window + 10 s
 
 
 def _free_port():
@@ -100,7 +95,9 @@ def _free_port():
 
 
 def test_a_dead_agent_is_reported_and_the_watch_goes_on_with_the_others(tmp_path):
-    facts = synth.write_nodes(str(tmp_path), synth.SynthSpec(scenario="cpu_hog", events=EVENTS, straggler=1))
+    # the hog starts late in the synthetic job: the watch's window holds it, its baseline mostly does not
+    facts = synth.write_nodes(str(tmp_path), synth.SynthSpec(scenario="cpu_hog", events=EVENTS, straggler=1,
+                                                             interference_start=0.7))
     for f in facts["files"]:
         synth.shift_to_now(f["path"])
     tls = TLSOptions(no_tls=True)
@@ -137,8 +134,10 @@ def test_a_dead_agent_is_reported_and_the_watch_goes_on_with_the_others(tmp_path
 
 def test_a_job_that_has_ended_raises_no_alarm(tmp_path):
     """The stores of a finished job (their newest summaries minutes old on the node's clock) hold a
-    straggler, but a live watch judges only ranks that are running."""
-    facts = synth.write_nodes(str(tmp_path), synth.SynthSpec(scenario="cpu_hog", events=EVENTS, straggler=1))
+    straggler (the same job that raises an alarm when it runs now, above), but a live watch judges
+    only ranks that are running."""
+    facts = synth.write_nodes(str(tmp_path), synth.SynthSpec(scenario="cpu_hog", events=EVENTS, straggler=1,
+                                                             interference_start=0.7))
     tls = TLSOptions(no_tls=True)
     handles = [start_background(f["path"], node=f["node"], listen="127.0.0.1:0", tls=tls) for f in facts["files"]]
     ticks = []
@@ -251,47 +250,5 @@ def test_plain_metrics_port_is_loopback_only_unless_told(tls_agent, tmp_path):
     server.server_close()
 
 
-# ---------------------------------------------------------------- a real job, a real fault, live
-
-@pytest.mark.bpf
-def test_watch_names_a_real_straggler_within_20s_and_reports_its_recovery(testbed, tmp_path_factory):
-    from straggler.demo import harness as hz
-    out = tmp_path_factory.mktemp("watch")
-    h = hz.SyncJobHarness(testbed, out, style="blocking")
-    per_host, nodes, client = h.api_args()
-    dead_ip = next(iter(testbed.dead.values()))
-    nodes.append(f"{dead_ip}:7433")                          # an agent that never answers
-    watch_log = out / "watch.jsonl"
-    proc = None
-    try:
-        h.start_agents(per_host_args=per_host)
-        with open(watch_log, "w") as log:
-            proc = subprocess.Popen([STRAGGLER, "watch", "--json", "--nodes", ",".join(nodes), "--timeout", "400",
-                                     "--ca", client.ca, "--cert", client.cert, "--key", client.key],
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        case = h.run_case("cpu-hog", rank=0, warmup_s=20.0, fault_s=25.0, cooldown_s=20.0)
-    finally:
-        if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        h.close()
-    assert h.leftovers() == []
-    events = [json.loads(line) for line in watch_log.read_text().splitlines() if line.startswith("{")]
-    text = watch_log.read_text()
-    if not case.valid:
-        pytest.skip(f"invalid case: {case.reason}")
-    assert any(e["event"] == "lost" and e["node"] == f"{dead_ip}:7433" for e in events), text
-    onsets = [e for e in events if e["event"] == "onset"]
-    assert onsets, text
-    first = onsets[0]
-    latency_s = (first["mono_ns"] - case.t_fault_ns) / 1e9
-    assert first["mono_ns"] > case.t_fault_ns, f"an alarm before the fault (false alarm): {text}"
-    assert first["node"] == case.node and first["cause"] == "cpu-contention", text
-    assert latency_s <= 20.0, f"named after {latency_s:.1f} s: {text}"
-    recovered = [e for e in events if e["event"] == "recovered" and e["mono_ns"] > first["mono_ns"]]
-    assert recovered and recovered[0]["node"] == case.node, text
-    assert case.t_fault_end_ns < recovered[0]["mono_ns"] < case.t_end_ns, text   # while the job ran on
+# The real case (a synchronous job on the test bed, real eBPF agents serving mutual TLS, a CPU hog
+# at T) is in tests/test_diagnosis.py, which shares its agents.
