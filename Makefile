@@ -12,7 +12,7 @@ demo: setup
 	@bash scripts/demo.sh
 
 test: setup
-	$(PY) -m pytest -p no:cacheprovider -rfEs tests
+	$(PY) -m pytest -p no:cacheprovider -rfEs --durations=15 tests
 
 sanity: setup
 	@bash scripts/sanity.sh
