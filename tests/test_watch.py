@@ -151,6 +151,56 @@ def test_a_job_that_has_ended_raises_no_alarm(tmp_path):
     assert [e["event"] for e in events] == ["start", "end"], events
 
 
+def test_cli_until_straggler_exits_1_and_exec_gets_the_finding(tmp_path):
+    """The command line: --until-straggler ends at the first onset with exit status 1 (for CI);
+    --exec's command gets the finding as JSON on stdin and STRAGGLER_* in its environment. Lost
+    events a node records reach the watch, even though their
+    longer interval is written after the summaries the watch already has (and comes once)."""
+    import sqlite3
+    facts = synth.write_nodes(str(tmp_path), synth.SynthSpec(scenario="cpu_hog", events=EVENTS, straggler=1,
+                                                             interference_start=0.7))
+    for f in facts["files"]:
+        synth.shift_to_now(f["path"])
+    tls = TLSOptions(no_tls=True)
+    handles = [start_background(f["path"], node=f["node"], listen="127.0.0.1:0", tls=tls) for f in facts["files"]]
+    hook = tmp_path / "hook.out"
+    try:
+        proc = subprocess.run([STRAGGLER, "watch", "--no-tls", "--nodes", ",".join(f"127.0.0.1:{h.port}" for h in handles),
+                               "--interval", "0.5", "--window", "5", "--timeout", "60", "--until-straggler",
+                               "--exec", f'(cat; echo; echo "$STRAGGLER_NODE $STRAGGLER_CAUSE") > {hook}'],
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        for h in handles:
+            h.stop()
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "STRAGGLER gpu-node-02 rank 1: " in proc.stdout, proc.stdout
+    cause = proc.stdout.split("STRAGGLER gpu-node-02 rank 1: ", 1)[1].split(" ", 1)[0]
+    finding, env_line = hook.read_text().strip().splitlines()
+    finding = json.loads(finding)
+    assert finding["event"] == "onset" and finding["node"] == "gpu-node-02" and finding["cause"] == cause
+    assert env_line == f"gpu-node-02 {cause}"
+    # the lost events came through /api/v1/live into the watch's store
+    from straggler.analysis.watch import NodeFeed
+    from straggler.fleet.client import LiveFeed
+    handle = start_background(facts["files"][0]["path"], listen="127.0.0.1:0", tls=tls)
+    try:
+        live, feed = LiveFeed(f"127.0.0.1:{handle.port}", tls), NodeFeed(address="n1")
+        feed.apply(*live.get(feed.since_ns), horizon_ns=120 * 10**9)
+        # after that poll the agent closes a 5 s interval that began 4 s before its newest summary
+        conn = sqlite3.connect(facts["files"][0]["path"])
+        (end,) = conn.execute("SELECT MAX(ts + interval_ns) FROM thread_time").fetchone()
+        conn.execute("INSERT INTO lost_events(node, probe, ts, interval_ns, count) VALUES ('gpu-node-01', "
+                     "'ringbuf:calls', ?, 5000000000, 17)", (end - 4_000_000_000,))
+        conn.commit()
+        conn.close()
+        for _ in range(2):           # the next polls ask for what is new since the newest summary
+            feed.apply(*live.get(feed.since_ns), horizon_ns=120 * 10**9)
+        live.close()
+    finally:
+        handle.stop()
+    assert [dict(zip(feed.columns["lost"], r))["count"] for r in feed.lost.values()] == [17]
+
+
 def test_watch_with_no_agent_answering_fails_with_one_line(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

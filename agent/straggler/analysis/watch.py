@@ -71,8 +71,7 @@ class NodeFeed:
     thread_time: dict = field(default_factory=dict)   # (ts, pid, tid) -> row
     block: dict = field(default_factory=dict)         # (ts, pid) -> row
     processes: dict = field(default_factory=dict)     # pid -> row
-    lost: list = field(default_factory=list)
-    cost: list = None
+    lost: dict = field(default_factory=dict)          # (probe, ts) -> row
     columns: dict = None
 
     def apply(self, status, answer, sample, horizon_ns):
@@ -94,8 +93,9 @@ class NodeFeed:
             self.block[(d["ts"], d["pid"])] = r       # a second still filling is asked again: replaced
         for r in answer.get("processes") or []:
             self.processes[dict(zip(cols["processes"], r))["pid"]] = r
-        self.lost.extend(answer.get("lost") or [])
-        self.cost = (answer.get("cost") or [None])[0]
+        for r in answer.get("lost") or []:
+            d = dict(zip(cols["lost"], r))
+            self.lost[(d["probe"], d["ts"])] = r      # an interval's row can come twice
         if self.since_ns is None and answer.get("latest_ns") is not None:
             self.since_ns = int(answer["latest_ns"])
         if sample is not None:
@@ -114,8 +114,9 @@ class NodeFeed:
         cut = newest - horizon_ns
         self.thread_time = {k: v for k, v in self.thread_time.items() if k[0] >= cut}
         self.block = {k: v for k, v in self.block.items() if k[0] >= cut}
-        ts_col = self.columns["lost"].index("ts")
-        self.lost = [r for r in self.lost if r[ts_col] >= cut]
+        self.lost = {k: v for k, v in self.lost.items() if k[1] >= cut}
+        exited = self.columns["processes"].index("exited")
+        self.processes = {pid: r for pid, r in self.processes.items() if r[exited] is None or r[exited] >= cut}
 
     def current_rows(self, min_span_ns=0):
         """thread_time rows of the ranks still running (newest summary within STALE_S of the node's
@@ -142,7 +143,6 @@ def build_store(feeds, min_span_ns=0):
     """One in-memory store with the agents' schema, holding every answering node's recent rows (of
     the ranks that have run min_span_ns)."""
     from ..store import schema
-    from ..store.live import BLOCK_COLUMNS
     conn = sqlite3.connect(":memory:")
     schema.create(conn)
     for feed in feeds:
@@ -157,7 +157,7 @@ def build_store(feeds, min_span_ns=0):
                              [list(r[:at]) + [feed.node] + list(r[at + 1:]) for r in rows])
         ev = []
         for r in feed.block.values():
-            d = dict(zip(cols["block"] if cols.get("block") else BLOCK_COLUMNS, r))
+            d = dict(zip(cols["block"], r))
             n = max(1, int(d["requests"] or 1))
             ev.append((feed.node, d["ts"], d["pid"], d["comm"], int(d["bytes"] or 0), int((d["duration"] or 0) / n)))
         for seq, e in enumerate(ev):
@@ -173,7 +173,7 @@ def build_store(feeds, min_span_ns=0):
         lcols = cols["lost"]
         conn.executemany("INSERT INTO lost_events(node, probe, ts, interval_ns, count) VALUES (?,?,?,?,?)",
                          [(feed.node,) + tuple(dict(zip(lcols, r))[c] for c in ("probe", "ts", "interval_ns", "count"))
-                          for r in feed.lost])
+                          for r in feed.lost.values()])
     conn.commit()
     return conn
 
@@ -225,7 +225,6 @@ class Verdict:
     step_rate: float = None          # the straggler's step rate now (calls/s of its calling thread)
     base_step_rate: float = None     # ... before the recent window
     ranks: int = 0
-    device_wide: bool = False
     report: object = None
 
 
@@ -242,8 +241,7 @@ def evaluate(feeds, window_s, baseline_s, min_gap=None):
         if min_gap is not None:
             opts["min_gap"] = min_gap
         report = explain.explain_connection(conn, "live watch", missing=missing, answered=answered, **opts)
-        v = Verdict(report=report, ranks=len(report.nodes),
-                    device_wide=any(f.cause == "device-wide" for f in report.findings))
+        v = Verdict(report=report, ranks=len(report.nodes))
         if report.straggler:
             v.straggler = report.straggler
             row = next((n for n in report.nodes if n["node"] == v.straggler and n["role"] == "straggler"), None)

@@ -1,10 +1,12 @@
 """What a live watch polls from one node: the recent rows of the step-time model, small and cheap.
 
 `live_summary(db, since_ns)` answers GET /api/v1/live?since=NS: the thread_time rows (the
-step-time model's per-interval summaries, schema 2) that end after `since`, the node's block
-I/O in the same time summed per second and submitting process (explain's evidence for io-self /
-io-other, without shipping one row per request), the ranked processes, lost events and the
-agent's last cost row. A watch keeps the rows it got and asks again with the last `ts` it saw.
+step-time model's per-interval summaries, schema 2) that start at or after `since`, the node's
+block I/O in the same time summed per second and submitting process (explain's evidence for
+io-self / io-other, without shipping one row per request), the ranked processes, and the lost
+events of the intervals that end after `since` (they are written when their longer interval
+ends, so a row can come twice: the watch keys them by probe and ts). A watch keeps the rows it
+got and asks again from the `ts` after the newest summary it holds.
 
 The tables and columns here are the ones explain reads (analysis/explain/sql.py), so the
 controller can put the answers of every node into one in-memory store and run the same explain
@@ -26,7 +28,6 @@ BLOCK_COLUMNS = ("node", "ts", "pid", "comm", "requests", "bytes", "duration")
 PROCESS_COLUMNS = ("node", "pid", "ppid", "comm", "rank", "local_rank", "world_size", "first_seen", "last_seen",
                    "exited")
 LOST_COLUMNS = ("node", "probe", "ts", "interval_ns", "count")
-COST_COLUMNS = ("node", "ts", "interval_ns", "cpu_seconds", "probe_hits", "events_written", "rss_bytes")
 
 
 def _rows(conn, sql, params):
@@ -40,7 +41,7 @@ def latest_ts(conn):
 
 def live_summary(db_path, since_ns=None):
     """{"columns": {table: [...]}, "thread_time": rows, "block": rows, "processes": rows, "lost": rows,
-    "cost": rows, "latest_ns": end of the newest interval or None, "truncated": bool}.
+    "latest_ns": end of the newest interval or None, "truncated": bool}.
 
     since_ns: node CLOCK_MONOTONIC ns; intervals that START at or after it (a watch passes the
     `ts` after the last one it holds). None: the last DEFAULT_LOOKBACK_NS."""
@@ -63,12 +64,11 @@ def live_summary(db_path, since_ns=None):
             LIMIT ?""", (since_ns // 1_000_000_000 * 1_000_000_000, MAX_BLOCK_ROWS))
         processes = _rows(conn, f"SELECT {', '.join(PROCESS_COLUMNS)} FROM processes WHERE rank IS NOT NULL "
                                 f"AND (exited IS NULL OR exited >= ?) ORDER BY pid LIMIT 1000", (since_ns,))
-        lost = _rows(conn, f"SELECT {', '.join(LOST_COLUMNS)} FROM lost_events WHERE ts >= ? ORDER BY ts LIMIT 1000",
-                     (since_ns,))
-        cost = _rows(conn, f"SELECT {', '.join(COST_COLUMNS)} FROM agent_cost ORDER BY ts DESC LIMIT 1", ())
+        lost = _rows(conn, f"SELECT {', '.join(LOST_COLUMNS)} FROM lost_events WHERE ts + interval_ns >= ? "
+                           f"ORDER BY ts LIMIT 1000", (since_ns,))
     finally:
         conn.close()
     return {"columns": {"thread_time": list(THREAD_TIME_COLUMNS), "block": list(BLOCK_COLUMNS),
-                        "processes": list(PROCESS_COLUMNS), "lost": list(LOST_COLUMNS), "cost": list(COST_COLUMNS)},
-            "thread_time": threads, "block": block, "processes": processes, "lost": lost, "cost": cost,
+                        "processes": list(PROCESS_COLUMNS), "lost": list(LOST_COLUMNS)},
+            "thread_time": threads, "block": block, "processes": processes, "lost": lost,
             "since_ns": since_ns, "latest_ns": newest, "truncated": truncated}
