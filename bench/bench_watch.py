@@ -170,7 +170,7 @@ def cost(bed, out, seconds, log):
     (newest,) = conn.execute("SELECT MAX(ts) FROM thread_time").fetchone()
     conn.close()
     for name, fn in (("live_answer_ms_cpu", lambda: live_summary(db, newest - 2_000_000_000)),
-                     ("metrics_render_ms_cpu", lambda: metrics.render(db, "n"))):
+                     ("metrics_render_ms_cpu", lambda: metrics.render(db, "n", at_ns=newest))):
         t0 = time.process_time()
         for _ in range(50):
             fn()

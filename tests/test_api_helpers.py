@@ -83,6 +83,10 @@ def make_node_db(path: Path, node: str, index: int):
     conn.executemany("INSERT INTO lost_events VALUES (?,?,?,?,?)",
                      [(node, "cuda", 0, 10**9, 5), (node, "sched", 9 * 10**9, 10**9, 2)])
     conn.execute("INSERT OR REPLACE INTO meta VALUES ('agent_version', 'test')")
+    # 10 s of agent run, of which its step-time summaries took 5 ms of CPU, every second
+    conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                     [("agent_started_ns", "0"), ("agent_heartbeat_ns", str(10 * 10**9)),
+                      ("agent_summary_cpu_ns", str(5 * 10**6)), ("agent_summary_interval_ns", str(10**9))])
     conn.commit()
     conn.close()
     return expected

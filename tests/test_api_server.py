@@ -228,6 +228,7 @@ def test_health_reports_the_agent_from_its_tables(certs, agent):
     assert health["events_per_s"] == pytest.approx(900.0)
     assert health["probe_hits_per_s"] == pytest.approx(1000.0)
     assert health["agent_cpu_percent"] == pytest.approx(2.0)
+    assert health["summary_interval_s"] == 1.0 and health["summary_cpu_percent"] == pytest.approx(0.05)
     assert health["lost_events_total"] == 7
     assert health["db_size_bytes"] >= os.path.getsize(agent.db)
 

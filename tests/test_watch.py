@@ -225,6 +225,7 @@ def tls_agent(certs, tmp_path_factory):
     out = tmp_path_factory.mktemp("metrics")
     facts = synth.write_nodes(str(out), synth.SynthSpec(scenario="cpu_hog", events=EVENTS, straggler=0, nodes=2))
     path = facts["files"][0]["path"]
+    synth.shift_to_now(path, ahead_s=0)             # a job running now: /metrics shows running ranks only
     handle = start_background(path, node=None, listen="127.0.0.1:0", tls=certs.server("127.0.0.1"))
     handle.db = path
     yield handle
@@ -248,6 +249,18 @@ def test_metrics_parse_with_prometheus_clients_parser_and_carry_the_model(certs,
     thieves = families["straggler_rank_runq_thief_ratio"].samples
     assert thieves and thieves[0].labels["thief"] and thieves[0].value > 0
     assert "straggler_agent_cpu_ratio" in families and "straggler_lost_events" in families
+
+
+def test_metrics_of_a_job_that_ended_have_no_rank_series(tmp_path):
+    from prometheus_client.parser import text_string_to_metric_families
+    facts = synth.write_nodes(str(tmp_path), synth.SynthSpec(scenario="cpu_hog", events=EVENTS, straggler=0, nodes=2))
+    path = facts["files"][0]["path"]                # its summaries ended long ago on this clock
+    families = {f.name: f for f in text_string_to_metric_families(metrics.render(path, "n").decode())}
+    assert families["straggler_rank_wait_ratio"].samples == []
+    assert families["straggler_summary_age_seconds"].samples[0].value > 60
+    synth.shift_to_now(path, ahead_s=0)
+    families = {f.name: f for f in text_string_to_metric_families(metrics.render(path, "n").decode())}
+    assert len(families["straggler_rank_wait_ratio"].samples) == 2
 
 
 def test_metrics_and_live_need_a_client_certificate_on_the_api_port(certs, tls_agent):

@@ -5,7 +5,8 @@ exits 0).
 Flow (one way): probes (bpf/, probes/) -> this loop (drain, decode, stamp ranks, aggregate per
 interval) -> store/writer.py (one writer thread) -> SQLite. Every `--interval` seconds it writes
 the interval's aggregates, lost events, its own cost and a clock pair; every `--summary-interval`
-seconds (1) the step-time model's summaries (thread_time: what explain, watch and /metrics read). Every `--rescan` seconds
+seconds (1) the step-time model's summaries (thread_time: what explain, watch and /metrics read).
+Every `--rescan` seconds
 it looks in /proc for new targets, scope members and CUDA libraries (attached at once, no
 restart). When all probes are attached it prints ONE line to stderr, the ready signal:
 
@@ -403,8 +404,7 @@ class Agent:
     def _summary(self, summary_start):
         """Close a summary interval: the step-time model's rows (thread_time) since the last one.
         Its own CPU (this thread's) is added up in meta agent_summary_cpu_ns, for status and bench."""
-        started = time.thread_time_ns()
-        self._drain()
+        started = time.thread_time_ns()   # the loop drained the ring buffers just before
         self.writer.submit("thread_time", self._thread_time_rows(summary_start, self.opts.summary_ns))
         self.summary_cpu_ns += time.thread_time_ns() - started
 

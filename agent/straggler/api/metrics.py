@@ -47,13 +47,17 @@ def _prometheus():
     return CounterMetricFamily, GaugeMetricFamily, generate_latest, CollectorRegistry
 
 
-def _read(db_path, window_s):
+def _read(db_path, window_s, at_ns=None):
     conn = open_readonly(db_path)
     try:
         newest = conn.execute("SELECT MAX(ts + interval_ns) FROM thread_time").fetchone()[0]
+        now = time.monotonic_ns() if at_ns is None else int(at_ns)
         rows = []
         if newest is not None:
-            since = newest - int(window_s * 1e9)
+            # the window ends now on the node's clock: a job that ended has no rank series (as a watch
+            # judges only running ranks); a store from another boot (a copy) is read up to its end
+            end = now if newest <= now + 1_000_000_000 else newest
+            since = end - int(window_s * 1e9)
             cur = conn.execute(
                 "SELECT pid, tid, MIN(rank), MIN(comm), SUM(calls), SUM(work_ns), SUM(sync_ns), SUM(coll_ns), "
                 "SUM(runq_ns), SUM(runq_work_ns), SUM(runq_sync_ns), SUM(runq_coll_ns), SUM(blocked_ns), SUM(io_ns), "
@@ -64,7 +68,6 @@ def _read(db_path, window_s):
             rows = [dict(zip(names, r)) for r in cur.fetchall()]
         lost = conn.execute("SELECT probe, SUM(count) FROM lost_events GROUP BY probe").fetchall()
         cost = conn.execute("SELECT interval_ns, cpu_seconds, rss_bytes FROM agent_cost ORDER BY ts DESC LIMIT 1").fetchone()
-        now = time.monotonic_ns()
     finally:
         conn.close()
     return newest, rows, lost, cost, now
@@ -104,13 +107,13 @@ def rank_summaries(rows, window_ns):
 class NodeCollector:
     """A prometheus-client collector over one node's store (computed at each scrape)."""
 
-    def __init__(self, db_path, node, window_s=DEFAULT_WINDOW_S):
-        self.db_path, self.node, self.window_s = db_path, node, float(window_s)
+    def __init__(self, db_path, node, window_s=DEFAULT_WINDOW_S, at_ns=None):
+        self.db_path, self.node, self.window_s, self.at_ns = db_path, node, float(window_s), at_ns
 
     def collect(self):
         from ..analysis.explain import model
         Counter, Gauge, _, _ = _prometheus()
-        newest, rows, lost, cost, now = _read(self.db_path, self.window_s)
+        newest, rows, lost, cost, now = _read(self.db_path, self.window_s, self.at_ns)
         node = self.node
         wait = Gauge("straggler_rank_wait_ratio", "Share of wall time the rank's calling thread waited for its peers "
                      "(blocking: collectives + blocked; enqueue: also synchronize)", labels=["node", "rank", "pid", "wait"])
@@ -159,11 +162,12 @@ class NodeCollector:
         yield rss
 
 
-def render(db_path, node, window_s=DEFAULT_WINDOW_S):
-    """The metrics of one node's store in the text exposition format (bytes)."""
+def render(db_path, node, window_s=DEFAULT_WINDOW_S, at_ns=None):
+    """The metrics of one node's store in the text exposition format (bytes). at_ns: the node's
+    CLOCK_MONOTONIC the window ends at (default: now)."""
     _, _, generate_latest, CollectorRegistry = _prometheus()
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(NodeCollector(db_path, node, window_s))
+    registry.register(NodeCollector(db_path, node, window_s, at_ns))
     return generate_latest(registry)
 
 
