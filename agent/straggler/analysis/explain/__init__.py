@@ -251,7 +251,7 @@ def _explain(runner, opts, source):
             baseline[key] = bt
 
     # slices of the recent part (the consistency test)
-    slice_rows, slices_sql = [], None
+    slice_rows, slices_sql, slice_ns = [], None, None
     if recent:
         longest = max(win_of[k][3] - win_of[k][2] for k in recent)
         step = max(interval_of.values())
@@ -261,8 +261,8 @@ def _explain(runner, opts, source):
     per_slice = {}
     for r in slice_rows:
         per_slice.setdefault(int(r["slice"]), {}).setdefault((r["node"], int(r["pid"])), []).append(r)
-    slices = []
-    for _, by_rank in sorted(per_slice.items()):
+    slices, slice_index = [], []
+    for index, by_rank in sorted(per_slice.items()):
         ranks_here = []
         for key, rows in by_rank.items():
             if key not in calling:
@@ -276,6 +276,7 @@ def _explain(runner, opts, source):
                 ranks_here.append(rt)
         if len(ranks_here) >= 2:
             slices.append(ranks_here)
+            slice_index.append(index)
 
     ranks = sorted(recent.values(), key=lambda r: (r.key[0], r.rank if r.rank is not None else -1, r.key[1]))
     verdict = model.find_stragglers(ranks, slices, mopts)
@@ -312,7 +313,7 @@ def _explain(runner, opts, source):
             role="straggler" if r.key in named else ""))
 
     ctx = dict(runner=runner, opts=opts, mopts=mopts, windows=windows, win_of=win_of, threads_sql=threads_sql,
-               slices_sql=slices_sql, verdict=verdict, recent=recent, baseline=baseline, ranks=ranks)
+               slices_sql=slices_sql, verdict=verdict, slices=slices, slice_index=slice_index, slice_ns=slice_ns, recent=recent, baseline=baseline, ranks=ranks)
     if verdict.stragglers:
         for i, s in enumerate(verdict.stragglers):
             _straggler_findings(report, ctx, s, first=(i == 0))
@@ -377,7 +378,14 @@ def _straggler_findings(report, ctx, s, first):
                  "blocked_ns": dict(sql="threads", match=match, column="blocked_ns")},
         sql={"threads": ctx["threads_sql"].strip(), **({"slices": ctx["slices_sql"].strip()} if ctx["slices_sql"] else {})},
         recommendation="see the cause findings below", share=1.0))
+    first_new = len(report.findings) - 1
     _cause_findings(report, ctx, rt, others, base)
+    # when: the straggler's recent window, from the first slice in which it waited less than the others
+    t0, te, tb, t1 = ctx["win_of"][rt.key]
+    lower = model.lower_in_slices(rt.key, ctx["slices"], verdict.wait_def, ctx["mopts"].min_gap)
+    onset = next((tb + i * ctx["slice_ns"] for i, hit in zip(ctx["slice_index"], lower) if hit), tb)
+    for f in report.findings[first_new:]:
+        f.at_ns, f.window_ns = int(onset), [int(tb), int(t1)]
 
 
 def _cause_findings(report, ctx, rt, others, base):

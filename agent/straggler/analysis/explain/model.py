@@ -135,19 +135,25 @@ def choose_wait(ranks, opts):
     return "enqueue" if enqueue[3] > blocking[3] + opts.enqueue_margin else "blocking"
 
 
-def consistent_share(candidate_key, slices, wait_def, min_gap):
-    """Share of the slices (lists of RankTime over short windows) in which the candidate waits at
-    least min_gap/2 less than the others' median."""
-    hits = total = 0
+def lower_in_slices(candidate_key, slices, wait_def, min_gap):
+    """Per slice (lists of RankTime over short windows, in time order): True where the candidate waits
+    at least min_gap/2 less than the others' median, False where it does not, None where it or the
+    others have no data."""
+    out = []
     for ranks in slices:
         mine = next((r for r in ranks if r.key == candidate_key), None)
         others = [r.wait_share(wait_def) for r in ranks if r.key != candidate_key]
         if mine is None or not others:
-            continue
-        total += 1
-        if median(others) - mine.wait_share(wait_def) >= min_gap / 2:
-            hits += 1
-    return hits / total if total else 0.0
+            out.append(None)
+        else:
+            out.append(median(others) - mine.wait_share(wait_def) >= min_gap / 2)
+    return out
+
+
+def consistent_share(candidate_key, slices, wait_def, min_gap):
+    """Share of the slices in which the candidate waits at least min_gap/2 less than the others' median."""
+    judged = [x for x in lower_in_slices(candidate_key, slices, wait_def, min_gap) if x is not None]
+    return sum(judged) / len(judged) if judged else 0.0
 
 
 @dataclass

@@ -24,6 +24,10 @@ class Finding:
     sources: dict = field(default_factory=dict)     # number name -> {"sql": query name, "match": {col: value}, "column": col}
     recommendation: str = ""
     share: float = 0.0                              # share of the slowdown it explains (ranking)
+    at_ns: int = None                               # the node's CLOCK_MONOTONIC ns where the evidence begins
+                                                    # (a straggler: its first slice of the recent window
+                                                    # in which it waited less than the others)
+    window_ns: list = None                          # [from, to): the node's window the numbers cover
 
     def to_dict(self):
         return asdict(self)
