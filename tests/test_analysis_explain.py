@@ -221,3 +221,22 @@ def test_fleet_mode_through_the_real_client_and_agents_api(tmp_path):
     assert any("ckpt-writer" in f.summary for f in _by_cause(report, "cpu-contention"))
     missing = _by_cause(report, "missing-nodes")
     assert missing and f"127.0.0.1:{dead}" in missing[0].summary
+
+
+def test_the_straggler_finding_says_when_the_straggling_began(tmp_path):
+    # the writer starts at 70% of the run: well inside explain's recent window (its last 75%), far
+    # from where that window begins
+    db = str(tmp_path / "late.db")
+    synth.write_cluster(db, synth.SynthSpec(scenario="io_cpu", events=60_000, straggler=1, interference_start=0.7))
+    report = explain.explain_db(db)
+    assert report.straggler == "gpu-node-02"
+    conn = sqlite3.connect(db)
+    began = conn.execute("SELECT MIN(ts) FROM events WHERE node = 'gpu-node-02' AND other_comm = 'ckpt-writer'").fetchone()[0]
+    conn.close()
+    found = [f for f in report.findings if f.node == "gpu-node-02" and f.cause != "data-loss"]
+    assert found and {f.at_ns for f in found} == {found[0].at_ns}        # its causes share its time
+    start, end = found[0].window_ns
+    slice_ns = (end - start) / explain.N_SLICES
+    assert start + slice_ns < began < end
+    assert began - slice_ns <= found[0].at_ns <= began + slice_ns, ((found[0].at_ns - began) / 1e9, slice_ns / 1e9)
+    assert found[0].to_dict()["at_ns"] == found[0].at_ns
