@@ -6,10 +6,7 @@
              and that copy plus the same four indexes
   explain    explain_db on the merged cluster database (1M and 10M events); baseline: one
              full-scan aggregate over the same events (SELECT node, op, COUNT, AVG … GROUP BY)
-  export     export_perfetto of 1M events, in a subprocess: wall time, peak RSS (ru_maxrss) and the
-             Python heap's peak (tracemalloc); baseline: the same subprocess that only opens the
-             database and counts the events (its RSS is the floor), and export of one node's quarter
-             of the trace (memory must not grow with the length)
+(The timeline export has its own benchmark: bench_export.py, .pftrace against Chrome JSON.)
 
 Inputs come from straggler.analysis.synth (scenario io_cpu, four nodes). Writes
 bench/results/analysis.json and prints a table. `--quick`: 100k and 300k events instead of 1M and 10M.
@@ -30,25 +27,6 @@ sys.path.insert(0, str(REPO / "agent"))
 
 from straggler import render  # noqa: E402
 from straggler.analysis import explain, merge, synth  # noqa: E402
-
-EXPORT_CHILD = r"""
-import json, resource, sys, time, tracemalloc, sqlite3
-sys.path.insert(0, sys.argv[1])
-mode, db, out = sys.argv[2], sys.argv[3], sys.argv[4]
-from straggler.analysis.export import export_perfetto
-tracemalloc.start()
-t = time.perf_counter()
-if mode == "export":
-    summary = export_perfetto(db, out, findings=False)
-    n = summary["events"]
-else:
-    conn = sqlite3.connect("file:" + db + "?mode=ro", uri=True)
-    n = conn.execute("SELECT COUNT(*) FROM events").fetchone()[0]
-elapsed = time.perf_counter() - t
-print(json.dumps(dict(elapsed_s=elapsed, trace_events=n, heap_peak_bytes=tracemalloc.get_traced_memory()[1],
-                      maxrss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)))
-"""
-
 
 def timed(fn, *a, **kw):
     t = time.perf_counter()
@@ -100,23 +78,14 @@ def scan_baseline(db):
     return secs
 
 
-def export_child(mode, db, out):
-    res = subprocess.run([sys.executable, "-c", EXPORT_CHILD, str(REPO / "agent"), mode, db, out],
-                         capture_output=True, text=True, timeout=3600)
-    if res.returncode != 0:
-        raise RuntimeError(res.stderr)
-    return json.loads(res.stdout.strip().splitlines()[-1])
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="100k and 300k events instead of 1M and 10M")
     ap.add_argument("--work", default=None, help="scratch directory (default: a temporary one)")
     args = ap.parse_args(argv)
     sizes = [100_000, 300_000] if args.quick else [1_000_000, 10_000_000]
-    export_size = sizes[0]
     work = tempfile.mkdtemp(prefix="bench-analysis-", dir=args.work)
-    results = dict(quick=args.quick, sizes=sizes, runs=[], export=None, machine=dict(cpus=os.cpu_count()))
+    results = dict(quick=args.quick, sizes=sizes, runs=[], machine=dict(cpus=os.cpu_count()))
     rows = []
     try:
         for size in sizes:
@@ -144,20 +113,6 @@ def main(argv=None):
                          run["scan_baseline_s"], report.straggler))
             print(f"[{n_events:,} events] synth {synth_s:.1f} s, merge {merge_s:.1f} s, explain {explain_s:.1f} s",
                   file=sys.stderr, flush=True)
-            if size == export_size:
-                short = os.path.join(work, "short.db")
-                merge.merge(paths[:1], short)    # one node: ~1/4 of the events
-                out = os.path.join(work, "trace.json")
-                floor = export_child("open", cluster, out)
-                full = export_child("export", cluster, out)
-                short_run = export_child("export", short, out)
-                results["export"] = dict(events=n_events, trace_events=full["trace_events"],
-                                         export_s=round(full["elapsed_s"], 2),
-                                         maxrss_kib=full["maxrss_kib"], heap_peak_bytes=full["heap_peak_bytes"],
-                                         open_only_maxrss_kib=floor["maxrss_kib"],
-                                         short_events=short_run["trace_events"], short_maxrss_kib=short_run["maxrss_kib"],
-                                         short_heap_peak_bytes=short_run["heap_peak_bytes"],
-                                         trace_bytes=os.path.getsize(out))
             for p in paths:
                 os.unlink(p)
             os.unlink(cluster)
@@ -169,14 +124,6 @@ def main(argv=None):
     print(render.table_text(["events", "merge s", "merge rows/s", "INSERT…SELECT rows/s", "merge ÷ INSERT…SELECT",
                              "merge ÷ (INSERT…SELECT + indexes)", "explain s", "GROUP BY scan s", "straggler"],
                             rows, title="merge and explain"), end="")
-    e = results["export"]
-    if e:
-        print(render.table_text(
-            ["events", "trace events", "export s", "peak RSS MiB", "heap peak MiB", "open-only RSS MiB",
-             "short trace events", "short peak RSS MiB"],
-            [(f"{e['events']:,}", e["trace_events"], e["export_s"], round(e["maxrss_kib"] / 1024, 1),
-              round(e["heap_peak_bytes"] / 2**20, 1), round(e["open_only_maxrss_kib"] / 1024, 1),
-              e["short_events"], round(e["short_maxrss_kib"] / 1024, 1))], title="export (subprocess)"), end="")
     print(f"results: {out_dir / 'analysis.json'}")
     return 0
 

@@ -5,8 +5,9 @@ over SSH, eBPF, mutual TLS), in three phases that share the test bed and the job
 1. the clean warm-up, no checkpoint writer: explain over the fleet names no straggler;
 2. the checkpoint writer on gpu-node-01: fleet_query.yml returns the four nodes with ranks 0-3,
    explain names gpu-node-01 with CPU preemption by the writer (plus its block I/O) as the top
-   cause and no healthy node, collect.yml gives a cluster.db with four nodes and a trace.json
-   with four processes;
+   cause and no healthy node, collect.yml gives a cluster.db with four nodes and a trace.pftrace
+   (Perfetto's native format, read back with its protos) with four processes in rank order, one
+   slice per traced call and explain's findings on the nodes they are about;
 3. one host dead: the playbooks and explain address gpu-node-01..03 plus the dead host: three
    nodes' results, the dead host reported, nothing crashes.
 Budget: about 5 minutes on an idle machine of this kind (the scenario is shorter than the demo).
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from pftrace_replay import Replay  # tests/pftrace_replay.py
 from straggler.demo.run import FIELD_SQL, RANKS_SQL, STRAGGLER_NODE, Demo, Progress
 
 pytestmark = pytest.mark.bpf
@@ -133,10 +135,17 @@ def test_collect_gives_a_cluster_db_with_four_nodes_and_a_trace_with_four_proces
     out = field_case["out"]
     with sqlite3.connect(f"file:{out / 'cluster.db'}?mode=ro", uri=True) as db:
         nodes = {n for (n,) in db.execute("SELECT DISTINCT node FROM events")}
+        calls = db.execute("SELECT COUNT(*) FROM events WHERE source IN ('cuda', 'driver', 'nccl')").fetchone()[0]
     assert nodes == set(field_case["live"])
-    trace = json.loads((out / "trace.json").read_text())
-    pids = {e["pid"] for e in trace["traceEvents"] if e.get("ph") == "M" and e.get("name") == "process_name"}
-    assert len(pids) == 4
+    trace = Replay(str(out / "trace.pftrace"))
+    assert [d.process.process_name for d in trace.processes()] == [f"{n} (rank {i})" for i, n in enumerate(field_case["live"])]
+    assert trace.unclosed == 0 and not trace.backwards and not trace.misnested
+    assert sum(1 for s in trace.slices if s["cat"] and s["cat"][0] in ("cuda", "driver", "nccl")) == calls > 0
+    report = json.loads((out / "explain.json").read_text())
+    about = [i for i in trace.instants if "node" in i["args"]]
+    assert all(trace.node_of(i["track"]) == i["args"]["node"] for i in about)
+    named = [i["args"]["node"] for i in about if i["args"]["cause"] == "straggler"]
+    assert sorted(named) == sorted(report["stragglers"]), report["stragglers"]
 
 
 def test_with_one_host_dead_three_nodes_answer_and_the_dead_host_is_reported(field_case):

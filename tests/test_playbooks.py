@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from pftrace_replay import Replay  # tests/pftrace_replay.py
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = REPO / ".venv" / "bin"
@@ -272,7 +273,7 @@ def test_fleet_query_of_the_live_hosts_only_exits_0(deployed, testbed, work):
 
 # --------------------------------------------------------------------------- collect, diagnose
 
-def test_collect_produces_a_cluster_db_of_four_nodes_and_a_trace_json(deployed, testbed, work):
+def test_collect_produces_a_cluster_db_of_four_nodes_and_a_pftrace(deployed, testbed, work):
     out = work / "collected"
     run = run_playbook(testbed, work, "collect.yml", out=str(out))
     assert run.rc == 4, run.explain()
@@ -280,9 +281,10 @@ def test_collect_produces_a_cluster_db_of_four_nodes_and_a_trace_json(deployed, 
     with sqlite3.connect(f"file:{out / 'cluster.db'}?mode=ro", uri=True) as db:
         nodes = {row[0] for row in db.execute("SELECT DISTINCT node FROM probes")}
     assert sorted(nodes) == LIVE, nodes
-    trace = json.loads((out / "trace.json").read_text())
-    assert isinstance(trace, (dict, list))
-    assert "Missing: gpu-node-dead" in run.stdout, run.explain()
+    trace = Replay(str(out / "trace.pftrace"))          # Perfetto's native format, read back with its protos
+    assert sorted(d.process.process_name.split()[0] for d in trace.processes()) == LIVE
+    assert trace.unclosed == 0 and not trace.backwards
+    assert "trace.pftrace" in run.stdout and "Missing: gpu-node-dead" in run.stdout, run.explain()
 
 
 @pytest.mark.parametrize("scenario,expected_rc", [("io_cpu", 2), ("clean", 0)])

@@ -24,7 +24,7 @@ COMMANDS = {
     "watch": ("straggler.analysis.watch", "live: name the straggler and its cause seconds after it starts, while the "
                                           "job runs (polls every agent; alerts, JSON lines, --exec hooks)"),
     "merge": ("straggler.analysis.merge", "merge node databases into one clock-aligned cluster database"),
-    "export": ("straggler.analysis.export", "export a database as a Perfetto (Chrome JSON) timeline"),
+    "export": ("straggler.analysis.export", "export a database as a Perfetto timeline (native .pftrace, or Chrome JSON)"),
 }
 
 

@@ -6,7 +6,7 @@ mutual TLS, --scope netns since the hosts share one kernel), a real four-rank gl
 job across them (straggler.demo.trainer, its GPU work through the STAND-IN libcuda), a clean
 warm-up, then a checkpoint writer on gpu-node-01 only; then the user's path: fleet_query.yml
 with the SQL from the field, explain over the fleet, collect.yml into demo-output/ (cluster.db
-and trace.json for ui.perfetto.dev). Everything it started is stopped at the end, on Ctrl-C
+and trace.pftrace for ui.perfetto.dev). Everything it started is stopped at the end, on Ctrl-C
 and on failure too: it kills only the process groups it started and tears down its own test
 bed id.
 
@@ -452,7 +452,7 @@ def main(argv=None):
 
 def _clean_output(out):
     """Remove what an earlier run of the demo wrote (only the demo's own names)."""
-    for stale in ("cluster.db", "trace.json", "explain.json", "explain.md", "logs", "demo.log", "nodes", "results"):
+    for stale in ("cluster.db", "trace.json", "trace.pftrace", "explain.json", "explain.md", "logs", "demo.log", "nodes", "results"):
         path = out / stale
         if path.is_dir():
             shutil.rmtree(path)
@@ -520,10 +520,11 @@ def run_story(demo, args):
            "merge, explain, Perfetto export)")
     result = demo.collect()
     p.info(_recap(result.output))
-    for name in ("cluster.db", "trace.json", "explain.md"):
+    for name in ("cluster.db", "trace.pftrace", "explain.md"):
         path = demo.out / name
         p.info(f"{path}  ({_size(path.stat().st_size)})" if path.exists() else f"{path}: MISSING")
-    p.info("open the timeline: https://ui.perfetto.dev → 'Open trace file' → demo-output/trace.json")
+    p.info("open the timeline: https://ui.perfetto.dev → 'Open trace file' → demo-output/trace.pftrace "
+           "(one process per node in rank order; the straggler's findings on its 'findings (explain)' track)")
     p.info("ask your own questions: sqlite3 demo-output/cluster.db \"" + FIELD_SQL + "\"")
     if not args.no_writer and report.get("straggler") != STRAGGLER_NODE:
         p.raw(f"\ndemo: the fleet explain named {report.get('straggler')!r}, not {STRAGGLER_NODE}: "

@@ -2,7 +2,8 @@
 # Copyright: the straggler project
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Action plugin straggler.fleet.export: the core's straggler.analysis.export.export_perfetto on
-the controller, once per play. It passes the options through and reports the file; building the
+the controller, once per play (Perfetto's native trace, or Chrome JSON for a dest ending in
+.json). It passes the options through and reports the file; building the
 timeline is the core's job and must not happen here."""
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import 
 ARGUMENT_SPEC = dict(
     db=dict(type='path', required=True),
     dest=dict(type='path', required=True),
-    format=dict(type='str', default='perfetto', choices=['perfetto']),
+    format=dict(type='str', choices=['perfetto', 'json']),
     since=dict(type='raw'),
     until=dict(type='raw'),
     node=dict(type='list', elements='str'),
     findings=dict(type='bool', default=True),
+    around_findings=dict(type='float'),
 )
 
 
@@ -39,6 +41,10 @@ def export_arguments(args):
         keywords['nodes'] = list(args['node'])
     if args.get('findings') is False:
         keywords['findings'] = False
+    if args.get('format'):
+        keywords['fmt'] = args['format']
+    if args.get('around_findings') is not None:
+        keywords['around_findings'] = args['around_findings']
     return keywords
 
 
@@ -55,7 +61,11 @@ class ActionModule(ActionBase):
         dummy, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         db = os.path.abspath(os.path.expanduser(args['db']))
         dest = os.path.abspath(os.path.expanduser(args['dest']))
-        result.update(db=db, dest=dest, format=args['format'])
+        export = import_core('analysis.export')
+        try:
+            result.update(db=db, dest=dest, format=export.format_for(dest, args.get('format')))
+        except core_error_types() as exc:
+            raise AnsibleActionFail('export failed: %s' % exc) from None
         if not os.path.isfile(db):
             if self._task.check_mode:
                 result.update(skipped=True, changed=False,
@@ -65,13 +75,16 @@ class ActionModule(ActionBase):
         if self._task.check_mode:
             result.update(changed=True, msg='would export %s to %s' % (db, dest))
             return result
-        export = import_core('analysis.export')
         try:
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             summary = export.export_perfetto(db, dest, **export_arguments(args))
         except core_error_types() as exc:
             raise AnsibleActionFail('export failed: %s' % exc) from None
-        result.update(changed=True, size=os.path.getsize(dest), msg='exported %s to %s' % (db, dest))
+        skipped = ''
+        if isinstance(summary, dict) and summary.get('skipped'):
+            skipped = '; skipped ' + ', '.join('%s events: %s' % (n, why) for why, n in summary['skipped'].items())
+        result.update(changed=True, size=os.path.getsize(dest),
+                      msg='exported %s to %s (%s)%s; open it at https://ui.perfetto.dev' % (db, dest, result['format'], skipped))
         if isinstance(summary, dict):
             result['summary'] = plain(summary)
         return result

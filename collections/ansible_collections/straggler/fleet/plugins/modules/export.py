@@ -12,14 +12,18 @@ module: export
 short_description: Export a straggler database as a Perfetto timeline, on the controller
 version_added: 0.1.0
 description:
-  - Writes a database, usually the cluster database from M(straggler.fleet.merge), as a Chrome Trace Event JSON file that
-    the Perfetto UI (U(https://ui.perfetto.dev)) and C(chrome://tracing) open, with the core's export
-    (C(straggler export --format perfetto)); one process per node, all nodes on the aligned timeline.
+  - Writes a database, usually the cluster database from M(straggler.fleet.merge), as a timeline for the Perfetto UI
+    (U(https://ui.perfetto.dev), Open trace file) with the core's export, C(straggler export), as Perfetto's native
+    protobuf trace (C(.pftrace)), or Chrome Trace Event JSON for tools that need it.
+  - One process per node, named after the node and its rank, all nodes on the aligned timeline; calls, off-CPU
+    intervals, run-queue waits and block I/O as slices; counters per node and rank; explain's findings as instant
+    events.
   - Runs once per play on the controller (like C(run_once)), whatever the play's hosts, and contacts no host.
 author:
   - The straggler project (!UNKNOWN)
 requirements:
   - The straggler package importable by the Python that runs Ansible on the controller.
+  - The perfetto Python package on the controller for O(format=perfetto) (C(pip install perfetto)).
 options:
   db:
     description:
@@ -33,10 +37,10 @@ options:
     required: true
   format:
     description:
-      - The output format.
+      - V(perfetto) writes Perfetto's native protobuf trace; V(json) writes Chrome Trace Event JSON.
+      - By default, V(json) when O(dest) ends in C(.json), else V(perfetto).
     type: str
-    default: perfetto
-    choices: [perfetto]
+    choices: [perfetto, json]
   since:
     description:
       - Leave out what happened before this time, in seconds from the trace's start (for example V(30)) or as an
@@ -57,6 +61,12 @@ options:
       - Run explain on the database and add its findings to the timeline as instant events.
     type: bool
     default: true
+  around_findings:
+    description:
+      - Keep only what happened within this many seconds either side of each of explain's findings (as
+        C(straggler export --around-findings)); the result says how many events were left out.
+      - Fails when explain finds nothing with a time to cut around.
+    type: float
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
@@ -80,10 +90,16 @@ seealso:
 """
 
 EXAMPLES = r"""
-- name: A timeline of the whole cluster
+- name: A timeline of the whole cluster, in Perfetto's native format
   straggler.fleet.export:
     db: results/cluster.db
-    dest: results/trace.json
+    dest: results/trace.pftrace
+
+- name: Ten seconds either side of each finding, as Chrome JSON
+  straggler.fleet.export:
+    db: results/cluster.db
+    dest: results/findings.json
+    around_findings: 10
 
 - name: Only two nodes
   straggler.fleet.export:
@@ -99,13 +115,13 @@ dest:
   description: The trace file.
   returned: always
   type: str
-  sample: /home/me/straggler/results/trace.json
+  sample: /home/me/straggler/results/trace.pftrace
 db:
   description: The database exported.
   returned: always
   type: str
 format:
-  description: The format written.
+  description: The format written (V(perfetto) or V(json)).
   returned: always
   type: str
   sample: perfetto
@@ -114,7 +130,7 @@ size:
   returned: success, not in check mode
   type: int
 summary:
-  description: What the core's export reported (events written per kind, nodes), when it reports anything.
+  description: What the core's export reported (slices, counter samples, findings, nodes, events skipped per reason).
   returned: when the core returns a summary
   type: dict
 msg:

@@ -76,6 +76,16 @@ def test_check_mode_writes_nothing(action_factory, tmp_path):
     assert result['changed'] is True and not dest.exists()
 
 
-def test_only_perfetto_is_offered(action_factory, tmp_path):
+def test_a_pftrace_dest_gets_the_native_format_and_the_cut_is_reported(action_factory, cluster, tmp_path):
+    dest = tmp_path / 'trace.pftrace'
+    result = action_factory(ActionModule, dict(db=cluster, dest=str(dest), around_findings=0.5)).run(task_vars={})
+    assert result['format'] == 'perfetto' and result['changed'] is True
+    head = dest.read_bytes()[:64]
+    assert head[:1] == b'\x0a' and b'traceEvents' not in head         # a protobuf Trace (field 1: packets), not JSON
+    assert 'more than 0.5 s from a finding' in result['msg'] and result['summary']['skipped']
+    assert export_arguments(dict(format='json', around_findings=2.0)) == dict(fmt='json', around_findings=2.0)
+
+
+def test_only_perfetto_and_json_are_offered(action_factory, tmp_path):
     with pytest.raises(AnsibleActionFail, match='format'):
         action_factory(ActionModule, dict(db='x', dest='y', format='csv')).run(task_vars={})
