@@ -19,7 +19,13 @@
 #define ARG_CU_LAUNCH 4    /* cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, ...): rsi rdx rcx r8 r9, bz at [sp+8] */
 #define ARG_CUDA_LAUNCH 5  /* cudaLaunchKernel(func, dim3 grid, dim3 block, ...): dim3 (12 bytes) by value =
                               two registers each: grid x|y<<32 in rsi, z in rdx; block x|y<<32 in rcx, z in r8 */
-#define ARG_NCCL 6         /* nccl*(send, recv, count, datatype, ...): bytes = count * sizeof(datatype) */
+/* NCCL: bytes = count * sizeof(datatype); dims = count (lo, hi), datatype, op | root/peer << 16 (0xffff:
+ * none), communicator (lo, hi) */
+#define ARG_NCCL 6         /* AllReduce, ReduceScatter (send, recv, count, datatype, op, comm, stream) */
+#define ARG_NCCL_ROOT 7    /* Broadcast (send, recv, count, datatype, root, comm, stream) */
+#define ARG_NCCL_GATHER 8  /* AllGather (send, recv, sendcount, datatype, comm, stream) */
+#define ARG_NCCL_REDUCE 9  /* Reduce (send, recv, count, datatype, op, root, comm at [sp+8], stream) */
+#define ARG_NCCL_P2P 10    /* Send, Recv (buf, count, datatype, peer, comm, stream) */
 
 #define NBUCKETS 40        /* log2(ns) histogram: bucket i holds [2^i, 2^(i+1)) ns; the last one everything above */
 
@@ -28,6 +34,7 @@
 #define WHY_SLOW 2
 #define WHY_OFFCPU 4
 #define WHY_SAMPLE 8
+#define WHY_ERROR 16   /* the call returned an error: cudaError_t, CUresult and ncclResult_t are 0 on success */
 
 struct agg_key {
     u32 tgid;
@@ -163,8 +170,38 @@ static __always_inline int call_entry(struct pt_regs *ctx, u16 sym, u16 op, int 
         break;
     }
     case ARG_NCCL:
-        f->bytes = PT_REGS_PARM3(ctx) * nccl_type_size((u32)PT_REGS_PARM4(ctx));
+    case ARG_NCCL_ROOT:
+    case ARG_NCCL_GATHER:
+    case ARG_NCCL_REDUCE:
+    case ARG_NCCL_P2P: {
+        u64 count = PT_REGS_PARM3(ctx), comm = PT_REGS_PARM6(ctx);
+        u32 dtype = (u32)PT_REGS_PARM4(ctx), op = 0xffff, who = 0xffff;
+        if (arg_kind == ARG_NCCL) {
+            op = (u32)PT_REGS_PARM5(ctx) & 0xffff;
+        } else if (arg_kind == ARG_NCCL_ROOT) {
+            who = (u32)PT_REGS_PARM5(ctx) & 0xffff;
+        } else if (arg_kind == ARG_NCCL_GATHER) {
+            comm = PT_REGS_PARM5(ctx);
+        } else if (arg_kind == ARG_NCCL_REDUCE) {
+            op = (u32)PT_REGS_PARM5(ctx) & 0xffff;
+            who = (u32)PT_REGS_PARM6(ctx) & 0xffff;
+            comm = 0;
+            bpf_probe_read_user(&comm, sizeof(comm), (void *)(PT_REGS_SP(ctx) + 8));
+        } else {
+            count = PT_REGS_PARM2(ctx);
+            dtype = (u32)PT_REGS_PARM3(ctx);
+            who = (u32)PT_REGS_PARM4(ctx) & 0xffff;
+            comm = PT_REGS_PARM5(ctx);
+        }
+        f->bytes = count * nccl_type_size(dtype);
+        f->dims[0] = (u32)count;
+        f->dims[1] = (u32)(count >> 32);
+        f->dims[2] = dtype;
+        f->dims[3] = op | (who << 16);
+        f->dims[4] = (u32)comm;
+        f->dims[5] = (u32)(comm >> 32);
         break;
+    }
     }
     cs->depth = d + 1;
     f->ts = bpf_ktime_get_ns();  /* last, so the probe's own work is not counted in the call */
@@ -258,6 +295,8 @@ int call_return(struct pt_regs *ctx)
         why |= WHY_OFFCPU;
     if (c->sample_n && bpf_get_prandom_u32() % c->sample_n == 0)
         why |= WHY_SAMPLE;
+    if ((int)PT_REGS_RC(ctx) != 0)
+        why |= WHY_ERROR;
     if (!why)
         return 0;
 

@@ -267,7 +267,8 @@ class Agent:
                 continue
             if attached:
                 self.writer.submit("probes", [(self.opts.node, name, lib, now_ns)
-                                              for name, lib in self.probes.attached if lib == path])
+                                              for name, lib in self.probes.attached if lib == path]
+                                   + [(self.opts.node, name, lib, None) for name, lib in self.probes.missing if lib == path])
                 if not initial:
                     print(f"straggler: attached {attached} probes to {path}", file=sys.stderr, flush=True)
         if initial:

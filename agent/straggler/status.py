@@ -73,8 +73,19 @@ def collect_status(db_path) -> dict:
             probes = [{"name": name, "library": library, "attached_at": attached_at}
                       for name, library, attached_at in conn.execute(
                           "SELECT name, library, attached_at FROM probes ORDER BY name, library")]
+        missing = [p for p in probes if p["name"].startswith("missing:")]
+        probes = [p for p in probes if not p["name"].startswith("missing:")]
         status["probes_attached"] = len(probes)
         status["probes"] = probes
+        # per traced library (or executable carrying the CUDA runtime): the functions attached, and the
+        # ones a library of its kind should have but lacks (never silent)
+        libraries = {}
+        for p in probes:
+            if p["library"] and p["name"].startswith("uprobe:"):
+                libraries.setdefault(p["library"], {"attached": [], "missing": []})["attached"].append(p["name"][7:])
+        for p in missing:
+            libraries.setdefault(p["library"], {"attached": [], "missing": []})["missing"].append(p["name"][8:])
+        status["libraries"] = libraries
 
         status.update(_rates(conn))
         status.update(_lost(conn))
@@ -185,4 +196,9 @@ def run(args):
     render.print_table(["", "value"], format_status(status), title=f"straggler status: {args.db}")
     if status["probes"]:
         render.print_table(["probe", "library"], [[p["name"], p["library"] or ""] for p in status["probes"]])
+    if status["libraries"]:
+        render.print_table(["library", "functions attached", "expected but missing"],
+                           [[lib, str(len(v["attached"])), ", ".join(v["missing"]) or "-"]
+                            for lib, v in sorted(status["libraries"].items())],
+                           title="traced libraries")
     return 0

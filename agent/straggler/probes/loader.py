@@ -114,6 +114,7 @@ class Probes:
         self.attached = []          # (probe name, library path or None)
         self.libraries = {}         # (st_dev, st_ino) -> path, attached
         self.failed_libraries = {}  # (st_dev, st_ino) -> reason
+        self.missing = []           # (f"missing:{op}", library path): functions a library of its kind lacks
         self.tracepoint_count = 0
         self.uprobe_count = 0
         self.config = self.bpf["config"]
@@ -167,6 +168,7 @@ class Probes:
         self.uprobe_count += count
         if count:
             self.libraries[identity] = path
+            self.missing += [(f"missing:{op}", path) for op in symbols.missing_functions(chosen)]
         else:
             self.failed_libraries.setdefault(identity, "exports none of the traced functions")
         return count

@@ -16,7 +16,10 @@ Two names at the same address (aliases) are attached once.
 
 Libraries are found by name (libcuda.so*, libcudart.so*, libcudart-<hash>.so*, libnccl.so*) in
 /proc/PID/maps of running processes, in the usual install paths, or given by the user; they
-are attached by path and symbol name, the real ones exactly like the stand-in.
+are attached by path and symbol name, the real ones exactly like the stand-in. A target's own
+executable is looked at too: one built with the runtime linked in statically (nvcc's default)
+has the runtime's functions in its symbol table and is attached the same way. What a library of
+a kind lacks (missing_functions) is recorded too, so that silence is never mistaken for no calls.
 
 This module must not import BCC (the loader does); it only describes and finds.
 """
@@ -25,9 +28,15 @@ import os
 import re
 
 # arg kinds: keep in sync with bpf/cuda.c
-ARG_NONE, ARG_BYTES2, ARG_BYTES3, ARG_BYTES5, ARG_CU_LAUNCH, ARG_CUDA_LAUNCH, ARG_NCCL = range(7)
-ARG_HAS_BYTES = {ARG_BYTES2, ARG_BYTES3, ARG_BYTES5, ARG_NCCL}
+(ARG_NONE, ARG_BYTES2, ARG_BYTES3, ARG_BYTES5, ARG_CU_LAUNCH, ARG_CUDA_LAUNCH, ARG_NCCL, ARG_NCCL_ROOT,
+ ARG_NCCL_GATHER, ARG_NCCL_REDUCE, ARG_NCCL_P2P) = range(11)
+ARG_NCCL_KINDS = {ARG_NCCL, ARG_NCCL_ROOT, ARG_NCCL_GATHER, ARG_NCCL_REDUCE, ARG_NCCL_P2P}
+ARG_HAS_BYTES = {ARG_BYTES2, ARG_BYTES3, ARG_BYTES5} | ARG_NCCL_KINDS
 ARG_HAS_DIMS = {ARG_CU_LAUNCH, ARG_CUDA_LAUNCH}
+# ncclDataType_t and ncclRedOp_t (nccl.h), for events.detail
+NCCL_DATATYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64",
+                  "bfloat16", "float8e4m3", "float8e5m2")
+NCCL_OPS = ("sum", "prod", "max", "min", "avg")
 
 
 def _v2(name, extra_suffix=None):
@@ -67,12 +76,33 @@ FUNCTIONS = [
     ("cudaMemcpyAsync", "cuda", ARG_BYTES3, [["cudaMemcpyAsync"], ["cudaMemcpyAsync_ptsz"]]),
     ("cudaStreamSynchronize", "cuda", ARG_NONE, [["cudaStreamSynchronize"], ["cudaStreamSynchronize_ptsz"]]),
     ("cudaDeviceSynchronize", "cuda", ARG_NONE, [["cudaDeviceSynchronize"]]),
-    # NCCL collectives (libnccl)
+    # NCCL collectives, point-to-point and groups (libnccl): count, datatype, op, root/peer and the
+    # communicator go to events.detail (nccl_detail below)
     ("ncclAllReduce", "nccl", ARG_NCCL, [["ncclAllReduce"]]),
-    ("ncclBroadcast", "nccl", ARG_NCCL, [["ncclBroadcast"]]),
-    ("ncclAllGather", "nccl", ARG_NCCL, [["ncclAllGather"]]),
+    ("ncclBroadcast", "nccl", ARG_NCCL_ROOT, [["ncclBroadcast"]]),
+    ("ncclAllGather", "nccl", ARG_NCCL_GATHER, [["ncclAllGather"]]),
     ("ncclReduceScatter", "nccl", ARG_NCCL, [["ncclReduceScatter"]]),
+    ("ncclReduce", "nccl", ARG_NCCL_REDUCE, [["ncclReduce"]]),
+    ("ncclSend", "nccl", ARG_NCCL_P2P, [["ncclSend"]]),
+    ("ncclRecv", "nccl", ARG_NCCL_P2P, [["ncclRecv"]]),
+    ("ncclGroupStart", "nccl", ARG_NONE, [["ncclGroupStart"]]),
+    ("ncclGroupEnd", "nccl", ARG_NONE, [["ncclGroupEnd"]]),
 ]
+
+
+def nccl_detail(arg_kind, dims):
+    """events.detail of an NCCL call from the kernel's dims: count, datatype, op, root or peer, and the
+    communicator (its address in the process: the same value on every call of one communicator)."""
+    d0, d1, d2, d3, d4, d5 = dims
+    out = {"count": d0 | (d1 << 32),
+           "datatype": NCCL_DATATYPES[d2] if d2 < len(NCCL_DATATYPES) else d2}
+    op, who = d3 & 0xffff, d3 >> 16
+    if op != 0xffff:
+        out["op"] = NCCL_OPS[op] if op < len(NCCL_OPS) else op
+    if who != 0xffff:
+        out["peer" if arg_kind == ARG_NCCL_P2P else "root"] = who
+    out["comm"] = f"0x{d4 | (d5 << 32):x}"
+    return out
 
 
 def _class_of(op, source):
@@ -146,6 +176,52 @@ def choose_symbols(exported):
                 taken.add(addr)
             break
     return chosen
+
+
+# What the traced functions' return codes mean (cudaError_t, CUresult, ncclResult_t: 0 is success).
+# The common ones, for people; explain prints the number beside the name, and any code not here as a number.
+ERROR_NAMES = {
+    "cuda": {1: "cudaErrorInvalidValue", 2: "cudaErrorMemoryAllocation", 3: "cudaErrorInitializationError",
+             4: "cudaErrorCudartUnloading", 35: "cudaErrorInsufficientDriver", 46: "cudaErrorDevicesUnavailable",
+             98: "cudaErrorInvalidDeviceFunction", 100: "cudaErrorNoDevice", 101: "cudaErrorInvalidDevice",
+             209: "cudaErrorNoKernelImageForDevice", 214: "cudaErrorECCUncorrectable",
+             400: "cudaErrorInvalidResourceHandle", 700: "cudaErrorIllegalAddress", 719: "cudaErrorLaunchFailure",
+             999: "cudaErrorUnknown"},
+    "driver": {1: "CUDA_ERROR_INVALID_VALUE", 2: "CUDA_ERROR_OUT_OF_MEMORY", 3: "CUDA_ERROR_NOT_INITIALIZED",
+               4: "CUDA_ERROR_DEINITIALIZED", 100: "CUDA_ERROR_NO_DEVICE", 101: "CUDA_ERROR_INVALID_DEVICE",
+               214: "CUDA_ERROR_ECC_UNCORRECTABLE", 400: "CUDA_ERROR_INVALID_HANDLE", 700: "CUDA_ERROR_ILLEGAL_ADDRESS",
+               719: "CUDA_ERROR_LAUNCH_FAILED", 999: "CUDA_ERROR_UNKNOWN"},
+    "nccl": {1: "ncclUnhandledCudaError", 2: "ncclSystemError", 3: "ncclInternalError", 4: "ncclInvalidArgument",
+             5: "ncclInvalidUsage", 6: "ncclRemoteError", 7: "ncclInProgress"},
+}
+
+
+def error_name(source, code):
+    """'35 cudaErrorInsufficientDriver', or the number alone when the code is not a common one."""
+    name = ERROR_NAMES.get(source, {}).get(code)
+    return f"{code} {name}" if name else str(code)
+
+
+def missing_functions(chosen):
+    """What a library (or an executable that carries the runtime) should have but lacks: for each
+    source it provides (runtime, driver, NCCL: judged by what it does export), the traced functions of
+    that source none of whose symbols it exports. [op, ...] in the table's order."""
+    sources = {sym.source for sym, _ in chosen}
+    have = {sym.op for sym, _ in chosen}
+    return [op for op, source, _, _ in FUNCTIONS if source in sources and op not in have]
+
+
+def executable_of(pid):
+    """The executable of a process, as a path this process can open (None if it is gone or hidden).
+    A program built with the CUDA runtime linked in statically (nvcc's default) carries the
+    runtime's functions itself: it is attached like a library."""
+    try:
+        path = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+    if path.endswith(" (deleted)") or not path.startswith("/"):
+        return None
+    return reachable_path(pid, path)
 
 
 def is_cuda_library(path: str) -> bool:

@@ -188,4 +188,10 @@ class TargetFinder:
             for pid in targets | set(known_targets):
                 for path in symbols.libraries_in_maps(pid):
                     libraries.setdefault(path, pid)
+        # every target's executable: one with the CUDA runtime linked in is attached like a library
+        # (the loader reads each file's symbols once, by identity)
+        for pid in targets | set(known_targets):
+            exe = symbols.executable_of(pid)
+            if exe is not None:
+                libraries.setdefault(exe, pid)
         return scope, targets, libraries
