@@ -240,3 +240,30 @@ def test_the_straggler_finding_says_when_the_straggling_began(tmp_path):
     assert start + slice_ns < began < end
     assert began - slice_ns <= found[0].at_ns <= began + slice_ns, ((found[0].at_ns - began) / 1e9, slice_ns / 1e9)
     assert found[0].to_dict()["at_ns"] == found[0].at_ns
+
+
+def test_a_node_whose_calls_fail_gets_a_cuda_errors_finding_with_its_codes(cluster, tmp_path):
+    # (real failing calls from NVIDIA's libraries: tests/test_nvidia_binaries.py; here the rule and its SQL)
+    import shutil
+    db = str(tmp_path / "errors.db")
+    shutil.copy(cluster["io_cpu"][0], db)
+    conn = sqlite3.connect(db)
+    calls = conn.execute("SELECT COUNT(*) FROM events WHERE node = 'gpu-node-04' AND op = 'cuLaunchKernel'").fetchone()[0]
+    conn.execute("UPDATE events SET ret = 719 WHERE node = 'gpu-node-04' AND op = 'cuLaunchKernel'")
+    conn.execute("UPDATE events SET ret = 4 WHERE rowid IN (SELECT rowid FROM events WHERE node = 'gpu-node-04' "
+                 "AND op = 'ncclAllReduce' LIMIT 3)")
+    conn.commit()
+    conn.close()
+    report = explain.explain_db(db)
+    assert report.straggler == "gpu-node-03"                      # the straggler is still named
+    errors = [f for f in report.findings if f.cause == "cuda-errors"]
+    assert [f.node for f in errors] == ["gpu-node-04"]
+    f = errors[0]
+    assert f.numbers["failed_calls"] == calls + 3 and f.numbers["failed.cuLaunchKernel.719"] == calls
+    assert "cuLaunchKernel → 719 CUDA_ERROR_LAUNCH_FAILED" in f.summary and "ncclAllReduce → 4 ncclInvalidArgument ×3" in f.summary
+    assert f.at_ns is not None and f.window_ns[0] == f.at_ns <= f.window_ns[1]
+    for name, src in f.sources.items():                           # each number is its own SQL's
+        hits = [r for r in _rows(db, f.sql[src["sql"]]) if all(r.get(k) == v for k, v in src["match"].items())]
+        value = sum(r[src["column"]] for r in hits) if src.get("sum") else hits[0][src["column"]]
+        assert value == f.numbers[name], name
+    assert "cuda-errors" not in {x.cause for x in explain.explain_db(cluster["io_cpu"][0]).findings}

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 
 from ...errors import StragglerError, UsageError
 from . import model, sql
+from ...probes import symbols
 from .report import SEVERITY_ORDER, Finding, Report, _fmt_bytes, _fmt_ns
 
 __all__ = ["ExplainOptions", "Finding", "Report", "explain_db", "explain_fleet", "explain_connection", "top_cause",
@@ -331,6 +332,7 @@ def _explain(runner, opts, source):
             numbers={"ranks_with_data": len(ranks), "missing": len(report.missing), "world_size": world or None},
             sql={"ranks": sql.RANKS.strip(), "spans": span_sql.strip()},
             recommendation="bring the missing agents up (straggler status on each) and re-run explain"))
+    _error_findings(report, runner, opts)
     for r in lost:
         report.findings.append(Finding(
             severity="warning", node=r["node"], cause="data-loss",
@@ -342,6 +344,43 @@ def _explain(runner, opts, source):
     report.findings.sort(key=lambda f: (f.cause != "straggler", SEVERITY_ORDER.get(f.severity, 9), -f.share))
     report.elapsed_s = round(time.monotonic() - started, 3)
     return report
+
+
+def _error_findings(report, runner, opts):
+    """cuda-errors: a node whose CUDA/NCCL calls return errors (a lost GPU, an ECC error, a driver
+    mismatch) is not fast, it is broken: which calls, which codes, since when, and what share of
+    all its calls failed."""
+    errors_sql = sql.call_errors(opts.since_ns, opts.until_ns)
+    rows = runner.rows(errors_sql)
+    if not rows:
+        return
+    counts_sql = sql.call_counts(opts.since_ns, opts.until_ns)
+    totals = {r["node"]: int(r["calls"] or 0) for r in runner.rows(counts_sql)}
+    by_node = {}
+    for r in rows:
+        by_node.setdefault(r["node"], []).append(r)
+    for node, found in by_node.items():
+        failed = sum(int(r["failed"]) for r in found)
+        calls = max(totals.get(node, 0), failed)
+        share = failed / calls if calls else 1.0
+        first, last = min(int(r["first_ts"]) for r in found), max(int(r["last_ts"]) for r in found)
+        codes = "; ".join(f"{r['op']} → {symbols.error_name(r['source'], int(r['ret']))} ×{int(r['failed']):,}"
+                          for r in found[:6]) + (f"; and {len(found) - 6} more" if len(found) > 6 else "")
+        numbers = {"failed_calls": failed, "calls": calls, "failed_pct": round(100 * share, 1)}
+        sources = {"calls": dict(sql="calls", match={"node": node}, column="calls"),
+                   "failed_calls": dict(sql="errors", match={"node": node}, column="failed", sum=True)}
+        for r in found[:6]:
+            key = f"failed.{r['op']}.{int(r['ret'])}"
+            numbers[key] = int(r["failed"])
+            sources[key] = dict(sql="errors", match={"node": node, "op": r["op"], "ret": int(r["ret"])}, column="failed")
+        report.findings.append(Finding(
+            severity="critical" if share >= 0.5 else "warning", node=node, cause="cuda-errors",
+            summary=(f"{node}: {failed:,} of its {calls:,} CUDA/NCCL calls returned an error ({share:.0%}) over "
+                     f"{_fmt_ns(last - first)} from the first: {codes}"),
+            numbers=numbers, sources=sources, sql={"errors": errors_sql.strip(), "calls": counts_sql.strip()},
+            recommendation=(f"check the GPU, driver and NCCL set-up on {node} (nvidia-smi; dmesg for Xid errors; the "
+                            "driver and runtime versions): a node whose calls fail is broken, not fast"),
+            share=share, at_ns=first, window_ns=[first, last]))
 
 
 def _who(rt):

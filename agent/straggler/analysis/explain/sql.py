@@ -122,6 +122,35 @@ FROM events
 GROUP BY node
 ORDER BY node"""
 
+def _bounds(since_ns, until_ns, column="ts"):
+    out = ""
+    if since_ns is not None:
+        out += f" AND {column} >= {int(since_ns)}"
+    if until_ns is not None:
+        out += f" AND {column} < {int(until_ns)}"
+    return out
+
+
+def call_errors(since_ns=None, until_ns=None):
+    """Traced calls that returned an error, per node, op and code (the agent records every one)."""
+    return f"""
+SELECT node, source, op, ret, COUNT(*) AS failed, MIN(ts) AS first_ts, MAX(ts + duration) AS last_ts
+FROM events
+WHERE source IN ('cuda', 'driver', 'nccl') AND ret IS NOT NULL AND ret != 0{_bounds(since_ns, until_ns)}
+GROUP BY node, source, op, ret
+ORDER BY node, failed DESC, op, ret"""
+
+
+def call_counts(since_ns=None, until_ns=None):
+    """Every traced call per node, recorded or not (the kernel's aggregates count them all)."""
+    return f"""
+SELECT node, SUM(count) AS calls
+FROM aggregates
+WHERE source IN ('cuda', 'driver', 'nccl'){_bounds(since_ns, until_ns)}
+GROUP BY node
+ORDER BY node"""
+
+
 LOST = """
 SELECT node, SUM(count) AS lost_events
 FROM lost_events
