@@ -86,5 +86,22 @@ if [ "${STRAGGLER_SKIP_TORCH:-0}" != 1 ] && ! .venv/bin/python -c 'import torch'
   say "installing torch==2.13.0 (CPU) for the demo's training job"
   .venv/bin/python -m pip install -q torch==2.13.0 || die "pip install torch==2.13.0 failed (set STRAGGLER_SKIP_TORCH=1 to skip the demo job)"
 fi
+# NVIDIA's real CUDA 12 runtime and NCCL (wheels from the package registry) for the tests that trace
+# real binaries (tests/test_nvidia_binaries.py), in a test-only virtual environment outside the
+# repository, kept between runs. Without a registry the tests are skipped, with the reason.
+NVIDIA_VENV=${STRAGGLER_NVIDIA_VENV:-$HOME/.cache/straggler/nvidia-venv}
+NVIDIA_WHEELS="nvidia-cuda-runtime-cu12==12.9.79 nvidia-nccl-cu12==2.32.3"
+if [ "${STRAGGLER_SKIP_NVIDIA:-0}" != 1 ] && [ "$(cat "$NVIDIA_VENV/.straggler-wheels" 2>/dev/null)" != "$NVIDIA_WHEELS" ]; then
+  say "installing NVIDIA's CUDA runtime and NCCL wheels (test-only) into $NVIDIA_VENV"
+  rm -rf "$NVIDIA_VENV"
+  mkdir -p "$(dirname "$NVIDIA_VENV")"
+  if "$SYSPY" -m venv "$NVIDIA_VENV" \
+      && "$NVIDIA_VENV/bin/python" -m pip install -q --no-deps $NVIDIA_WHEELS >"$NVIDIA_VENV.log" 2>&1; then
+    echo "$NVIDIA_WHEELS" > "$NVIDIA_VENV/.straggler-wheels"
+  else
+    say "warning: could not install $NVIDIA_WHEELS (see $NVIDIA_VENV.log): the tests that trace NVIDIA's real libraries will be skipped"
+    rm -rf "$NVIDIA_VENV"
+  fi
+fi
 .venv/bin/python -c 'import bcc, ansible, straggler' || die ".venv cannot import bcc/ansible/straggler: rm -rf .venv and run make setup again"
 say "ok ($(.venv/bin/python -c 'import ansible.release as a, bcc; print("ansible-core", a.__version__, "| bcc", getattr(bcc, "__version__", "?"))'))"
