@@ -15,39 +15,23 @@ from straggler import cli
 from straggler.analysis import synth
 from straggler.analysis.explain import N_SLICES
 from straggler.analysis.export import ExportError, export_perfetto
-from straggler.analysis.merge import merge
 
 pb = pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2",
                          reason="the perfetto package is not installed (make setup installs it)")
 from pftrace_replay import Replay  # noqa: E402  (tests/pftrace_replay.py)
+import export_cluster  # noqa: E402  (tests/export_cluster.py)
+from export_cluster import SHIFT_NS  # noqa: E402
 
-SHIFT_NS = 250_000_000        # gpu-node-03's realtime clock is 250 ms ahead of the reference
 
 
 @pytest.fixture(scope="module")
 def dbs(tmp_path_factory):
     base = tmp_path_factory.mktemp("pftrace")
-    spec = synth.SynthSpec(scenario="io_cpu", events=16_000, offsets_ns={0: 0, 1: -3_000_000, 2: SHIFT_NS, 3: 7_000_000},
-                           record_all=True)
-    facts = synth.write_nodes(str(base / "nodes"), spec)
-    paths = [f["path"] for f in facts["files"]]
-    odd = str(base / "odd.db")            # a nested call and a partially overlapping one on one thread
-    import shutil
-    shutil.copy(paths[0], odd)
-    conn = sqlite3.connect(odd)
-    t0 = conn.execute("SELECT MIN(ts) FROM events WHERE op = 'cuMemAlloc'").fetchone()[0] + 19_000_000
-    conn.executemany("INSERT INTO events (seq, node, rank, source, op, pid, tid, comm, ts, duration) "
-                     "VALUES (?, 'gpu-node-01', 0, ?, ?, 4242, 4242, 'pt_main_thread', ?, ?)",
-                     [(90_000_001, "cuda", "cudaLaunchKernel", t0, 300_000),
-                      (90_000_002, "driver", "cuLaunchKernel", t0 + 50_000, 200_000),
-                      (90_000_003, "cuda", "cudaMemcpyAsync", t0 + 250_000, 200_000)])
-    conn.commit()
-    conn.close()
-    cluster = str(base / "cluster.db")
-    merge([odd] + paths[1:], cluster, offsets=facts["offsets"])
+    built = export_cluster.build(base)
+    cluster, paths = built["cluster"], built["paths"]
     out = str(base / "trace.pftrace")
     summary = export_perfetto(cluster, out, jobs=1)
-    return dict(base=base, facts=facts, paths=paths, cluster=cluster, out=out, summary=summary, trace=Replay(out))
+    return dict(built, out=out, summary=summary, trace=Replay(out))
 
 
 def test_one_process_per_node_named_and_in_rank_order_with_its_clock(dbs):

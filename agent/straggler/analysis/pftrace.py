@@ -155,23 +155,32 @@ class PerfettoSink:
                 e.category_iids.append(iid)
         return t.SerializeToString()
 
-    def _event(self, t, kind, track, name=None, cat=None, args=()):
+    def _from_template(self, tpl, t):
+        """A new packet: a template's fields, merged in C, and its timestamp."""
         if self.pending >= BATCH:
             self._flush()
         self.pending += 1
+        self.events += 1
         p = self.add()
-        key = (kind, track, name, cat)
-        tpl = self.templates.get(key)
-        if tpl is None:
-            tpl = self._template(p, kind, track, name, cat)
-            if len(self.templates) < MAX_TEMPLATES:
-                self.templates[key] = tpl
         p.MergeFromString(tpl)
         p.timestamp = t
+        return p
+
+    def _event(self, t, kind, track, name=None, cat=None, args=()):
+        key = (kind, track, name, cat)
+        tpl = self.templates.get(key)
+        interned = None
+        if tpl is None:                  # new names are interned in this event's own packet
+            interned = self.pb.TracePacket()
+            tpl = self._template(interned, kind, track, name, cat)
+            if len(self.templates) < MAX_TEMPLATES:
+                self.templates[key] = tpl
+        p = self._from_template(tpl, t)
+        if interned is not None and interned.HasField("interned_data"):
+            p.interned_data.CopyFrom(interned.interned_data)
         if self.fresh:
             p.sequence_flags = self.CLEARED | self.NEEDS_STATE
             self.fresh = False
-        self.events += 1
         if not args:
             return p
         add = p.track_event.debug_annotations.add
@@ -264,25 +273,13 @@ class PerfettoSink:
         elif stack and stack[-1] <= t:
             end = self.templates.get((self.END, track, None, None)) or self._end_template(track)
             while stack and stack[-1] <= t:
-                if self.pending >= BATCH:
-                    self._flush()
-                self.pending += 1
-                self.events += 1
-                p = self.add()
-                p.MergeFromString(end)
-                p.timestamp = stack.pop()
+                self._from_template(end, stack.pop())
         stack.append(t + dur)
         tpl = self.templates.get((self.BEGIN, track, name, cat))
         if tpl is None:
             self._event(t, self.BEGIN, track, name, cat, args)
             return
-        if self.pending >= BATCH:
-            self._flush()
-        self.pending += 1
-        self.events += 1
-        p = self.add()
-        p.MergeFromString(tpl)
-        p.timestamp = t
+        p = self._from_template(tpl, t)
         if args:
             add, names = p.track_event.debug_annotations.add, self.ann_names
             for key, value in args:
