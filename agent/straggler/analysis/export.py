@@ -526,12 +526,26 @@ def _write_tail(plan, sink, findings):
     n = 0
     for f in (report.findings if report else []):
         if f.node not in plan.node_pid:
-            sink.instant(None, plan.start_ns, f"{f.severity}: {f.cause}", "explain",
-                         [(k, v) for k, v in (("severity", f.severity), ("cause", f.cause), ("summary", f.summary),
-                                              ("recommendation", f.recommendation or None)) if v is not None])
+            sink.instant(None, *_finding_instant(plan, f))
             n += 1
     sink.close(_meta(plan, report))
     return n
+
+
+def _finding_instant(plan, f):
+    """(time, name, category, arguments) of a finding's instant event: on an exported node, where its
+    evidence begins (Finding.at_ns); otherwise at the trace's start."""
+    args = [(k, v) for k, v in (("severity", f.severity), ("cause", f.cause), ("summary", f.summary),
+                                ("share", round(f.share, 3) if f.share else None),
+                                ("recommendation", f.recommendation or None), ("node", f.node)) if v is not None]
+    t = plan.start_ns
+    if f.node in plan.node_pid:
+        if f.at_ns is not None:
+            t = plan.align[f.node](f.at_ns)
+        if f.window_ns:
+            args.append(("window_s", round((f.window_ns[1] - f.window_ns[0]) / 1e9, 3)))
+    name = f"{f.severity}: {f.cause}" + (f" ({f.node})" if f.cause == "straggler" else "")
+    return t, name, "explain", args
 
 
 def _meta(plan, report):
@@ -640,17 +654,10 @@ def _write(conn, plan, sink, findings, nodes=None, whole=True):
     # explain's findings: instants at the time their evidence begins, on the node's findings track
     if report:
         for f in report.findings:
-            args = list(nonnull((("severity", f.severity), ("cause", f.cause), ("summary", f.summary),
-                            ("share", round(f.share, 3) if f.share else None),
-                            ("recommendation", f.recommendation or None), ("node", f.node))))
-            name = f"{f.severity}: {f.cause}" + (f" ({f.node})" if f.cause == "straggler" else "")
             if f.node in finding_track:
-                t = plan.align[f.node](f.at_ns) if f.at_ns is not None else plan.start_ns
-                if f.window_ns:
-                    args.append(("window_s", round((f.window_ns[1] - f.window_ns[0]) / 1e9, 3)))
-                sink.instant(finding_track[f.node], t, name, "explain", args)
+                sink.instant(finding_track[f.node], *_finding_instant(plan, f))
             elif whole and f.node not in node_pid:
-                sink.instant(None, plan.start_ns, name, "explain", args)
+                sink.instant(None, *_finding_instant(plan, f))
             else:
                 continue
             counts["instants"] += 1
