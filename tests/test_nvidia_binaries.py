@@ -105,10 +105,12 @@ def traced(nvidia, programs, tmp_path_factory):
             rc, out, err = child.wait(180)
             assert rc == 0, err
             results[name] = (json.loads(out), child.pid)
-        for name, (_, pid) in results.items():          # every call the programs made has reached the store
+        for name, (output, pid) in results.items():     # every call the programs made has reached the store:
+            rows, made = expected_calls(output)          # its row if it failed, its count in any case
             wait_until(lambda: scalar(agent.db, "SELECT count(*) FROM events WHERE pid = ? AND source IN "
-                                                "('cuda', 'driver', 'nccl')", (pid,)) >= expected_calls(results[name][0]),
-                       timeout=60)
+                                                "('cuda', 'driver', 'nccl')", (pid,)) >= rows
+                       and scalar(agent.db, "SELECT coalesce(SUM(count), 0) FROM aggregates WHERE pid = ? AND source IN "
+                                            "('cuda', 'driver', 'nccl')", (pid,)) >= made, timeout=60)
         yield dict(results=results, agent=agent, db=agent.db, programs=programs, nvidia=nvidia)
     finally:
         agent.stop(signal.SIGKILL)          # (test_agent.py tests SIGTERM's orderly exit; this saves its detaches)
@@ -116,10 +118,13 @@ def traced(nvidia, programs, tmp_path_factory):
 
 
 def expected_calls(output):
-    """How many rows a program's calls make: its failing calls (the successful ones are only counted)."""
+    """(rows, calls) a program's calls make: a row for each failing call (the others are only counted
+    in the aggregates, written each interval), and every call counted."""
     if "calls" in output:
-        return sum(1 for rets in output["calls"].values() for ret in rets if ret != 0)
-    return sum(n for n, ret in output.values() if ret != 0)
+        pairs = [(1, ret) for rets in output["calls"].values() for ret in rets]
+    else:
+        pairs = [tuple(v) for v in output.values()]
+    return sum(n for n, ret in pairs if ret != 0), sum(n for n, _ in pairs)
 
 
 def rows_of(db, pid):
@@ -220,11 +225,7 @@ def test_explain_names_the_failing_calls_with_their_codes(traced):
     assert [f.node for f in errors] == [NODE] and errors[0].severity == "critical"
     summary = errors[0].summary
     assert "cudaMalloc → 35 cudaErrorInsufficientDriver" in summary and "ncclAllReduce → 4 ncclInvalidArgument ×30" in summary
-    failed = made = 0
-    for output, _ in traced["results"].values():
-        for value in output.get("calls", output).values():
-            pairs = [(1, ret) for ret in value] if "calls" in output else [tuple(value)]
-            made += sum(n for n, _ in pairs)
-            failed += sum(n for n, ret in pairs if ret != 0)
+    failed = sum(expected_calls(output)[0] for output, _ in traced["results"].values())
+    made = sum(expected_calls(output)[1] for output, _ in traced["results"].values())
     assert (errors[0].numbers["failed_calls"], errors[0].numbers["calls"]) == (failed, made)
     assert failed < made                                           # ncclGroupStart succeeds: counted, no row
