@@ -38,7 +38,7 @@ def cudart(lib):
     return rets
 
 
-NCCL_CALLS = {   # op: (times, arguments as the agent should record them; comm NULL: no GPU, no communicator)
+NCCL_CALLS = {   # op: (times, arguments as the agent should record them, besides the communicator)
     "ncclAllReduce": (30, {"count": 1000, "datatype": "float32", "op": "sum"}),
     "ncclBroadcast": (10, {"count": 100, "datatype": "float64", "root": 2}),
     "ncclAllGather": (5, {"count": 50, "datatype": "int32"}),
@@ -54,21 +54,27 @@ def nccl(lib):
     f32, f64, i32, i64, f16, bf16 = 7, 8, 2, 4, 6, 9           # ncclDataType_t
     total, avg, maximum = 0, 4, 2                               # ncclRedOp_t
     buf = ctypes.create_string_buffer(1 << 16)
+    # a communicator NCCL did not make: zeroed memory, larger than ncclComm, so NCCL reads its magic
+    # numbers, finds them wrong and returns ncclInvalidArgument; its address is what the agent must
+    # record (a NULL one would not tell the communicator from the stream after it)
+    comm = ctypes.create_string_buffer(64 << 20)
+    stream = ctypes.c_void_p(0x5eed)
     size = ctypes.c_size_t
     calls = {
-        "ncclAllReduce": lambda: lib.ncclAllReduce(buf, buf, size(1000), f32, total, None, None),
-        "ncclBroadcast": lambda: lib.ncclBroadcast(buf, buf, size(100), f64, 2, None, None),
-        "ncclAllGather": lambda: lib.ncclAllGather(buf, buf, size(50), i32, None, None),
-        "ncclReduceScatter": lambda: lib.ncclReduceScatter(buf, buf, size(10), bf16, avg, None, None),
-        "ncclReduce": lambda: lib.ncclReduce(buf, buf, size(64), f16, maximum, 3, None, None),
-        "ncclSend": lambda: lib.ncclSend(buf, size(8), i64, 5, None, None),
-        "ncclRecv": lambda: lib.ncclRecv(buf, size(8), i64, 6, None, None),
+        "ncclAllReduce": lambda: lib.ncclAllReduce(buf, buf, size(1000), f32, total, comm, stream),
+        "ncclBroadcast": lambda: lib.ncclBroadcast(buf, buf, size(100), f64, 2, comm, stream),
+        "ncclAllGather": lambda: lib.ncclAllGather(buf, buf, size(50), i32, comm, stream),
+        "ncclReduceScatter": lambda: lib.ncclReduceScatter(buf, buf, size(10), bf16, avg, comm, stream),
+        "ncclReduce": lambda: lib.ncclReduce(buf, buf, size(64), f16, maximum, 3, comm, stream),
+        "ncclSend": lambda: lib.ncclSend(buf, size(8), i64, 5, comm, stream),
+        "ncclRecv": lambda: lib.ncclRecv(buf, size(8), i64, 6, comm, stream),
     }
+
     rets["ncclGroupStart"] = [lib.ncclGroupStart()]
     for op, (times, _) in NCCL_CALLS.items():
         rets[op] = [calls[op]() for _ in range(times)]
     rets["ncclGroupEnd"] = [lib.ncclGroupEnd()]
-    return rets
+    return rets, f"0x{ctypes.addressof(comm):x}"
 
 
 def malloc_only(lib):
@@ -84,8 +90,12 @@ def main():
         if time.monotonic() > deadline:
             sys.exit(f"{go} did not appear within 120 s")
         time.sleep(0.05)
-    rets = {"cudart": cudart, "nccl": nccl, "malloc": malloc_only}[which](lib)
-    print(json.dumps({"library": path, "calls": rets}))
+    if which == "nccl":
+        rets, comm = nccl(lib)
+        print(json.dumps({"library": path, "calls": rets, "comm": comm}))
+    else:
+        rets = {"cudart": cudart, "malloc": malloc_only}[which](lib)
+        print(json.dumps({"library": path, "calls": rets}))
 
 
 if __name__ == "__main__":
