@@ -42,7 +42,6 @@ from ..errors import StragglerError
 from .explain import model
 from .merge import Aligner, clock_segments
 
-CALL_SOURCES = ("cuda", "driver", "nccl")
 FORMATS = ("perfetto", "json")
 FETCH = 2000
 MAX_JOBS = 8
@@ -566,15 +565,13 @@ def _write(conn, plan, sink, findings, nodes=None, whole=True):
     ts_col = "ts_aligned" if plan.has_aligned else "ts"
     where_cut = plan.sql_bounds(order)
     report = plan.report if findings else None
-    about = {}                   # node -> [(finding, t)]
-    for f, t in (plan.finding_times() if report else []):
-        about.setdefault(f.node, []).append((f, t))
+    about = {f.node for f in report.findings} if report else set()     # nodes with a finding of their own
     finding_track = {}
     for node in order:
         pid = node_pid[node]
         r = plan.rank[node]
         sink.process(pid, f"{node} (rank {r})" if r is not None else node, pid - 1, r, plan.describe_clock(node))
-        if node in about or (report and any(f.node == node for f in report.findings)):
+        if node in about:
             finding_track[node] = sink.track(pid, "findings (explain)", first=True)
 
     tracks = {}
