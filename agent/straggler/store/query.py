@@ -25,6 +25,7 @@ DEFAULT_DB = "/var/lib/straggler/straggler.db"
 DEFAULT_LIMIT = 10000
 DEFAULT_TIMEOUT_S = 10.0
 _PROGRESS_EVERY_OPS = 2000
+_FETCH_BATCH = 1000
 
 # PRAGMAs that only read. Those in the second set take a name/number argument, not a value.
 READ_PRAGMAS = frozenset({
@@ -79,10 +80,14 @@ class QueryResult:
     truncated: bool = False
     elapsed_ms: float = 0.0
     node: str = None   # filled by callers that know it (CLI, API)
+    truncated_reason: str = None   # "limit" (row cap) or "bytes" (answer size cap) when truncated
 
     def to_dict(self):
-        return {"node": self.node, "columns": list(self.columns), "rows": jsonable_rows(self.rows),
-                "truncated": self.truncated, "elapsed_ms": round(self.elapsed_ms, 3)}
+        answer = {"node": self.node, "columns": list(self.columns), "rows": jsonable_rows(self.rows),
+                  "truncated": self.truncated, "elapsed_ms": round(self.elapsed_ms, 3)}
+        if self.truncated_reason:
+            answer["truncated_reason"] = self.truncated_reason
+        return answer
 
 
 def jsonable_rows(rows):
@@ -215,11 +220,105 @@ class _Guard:
         return sqlite3.SQLITE_DENY
 
 
-def run_query(db_path, sql, limit=DEFAULT_LIMIT, timeout_s=DEFAULT_TIMEOUT_S, params=None) -> QueryResult:
-    """Run one read-only SQL statement; at most `limit` rows (truncated=True when more existed).
+class _RowCollector:
+    """Keeps the rows (run_query); stops at max_bytes of estimated JSON."""
 
-    Raises QueryRejected (not a single read-only statement), QueryTimeout (ran past timeout_s),
-    QueryError (SQLite refused it: syntax, unknown table, …) and DatabaseUnavailable.
+    def __init__(self, max_bytes=None):
+        self.columns = []
+        self.rows = []
+        self.max_bytes = max_bytes
+        self.bytes = 0
+
+    def start(self, columns):
+        self.columns = columns
+
+    def take(self, batch):
+        """Add a batch; False when the byte cap stopped it (the rows that fit are kept)."""
+        if self.max_bytes is None:
+            self.rows.extend(list(r) for r in batch)
+            return True
+        for row in batch:
+            size = _estimated_json_bytes(row)
+            if self.bytes + size > self.max_bytes:
+                return False
+            self.bytes += size
+            self.rows.append(list(row))
+        return True
+
+
+def _estimated_json_bytes(row):
+    size = 2
+    for value in row:
+        if isinstance(value, str):
+            size += len(value) + 3
+        elif isinstance(value, (bytes, bytearray, memoryview)):
+            size += 2 * len(value) + 3
+        else:
+            size += 21
+    return size
+
+
+class JsonAnswer:
+    """A query answer encoded as JSON bytes while the rows are fetched (the API's body): at most
+    max_bytes of rows, so a node never holds a big answer twice (rows and text) or without bound.
+
+    .chunks: the body in pieces; .size: their total length. Filled by run_query(..., into=self)."""
+
+    def __init__(self, node, max_bytes):
+        self.node = node
+        self.max_bytes = int(max_bytes)
+        self.chunks = []
+        self.size = 0
+        self.row_count = 0
+        self._rows_bytes = 0
+
+    def start(self, columns):
+        head = json.dumps({"node": self.node, "columns": list(columns)}, separators=(",", ":"))
+        self._append(head[:-1].encode() + b',"rows":[')
+
+    def _append(self, data):
+        self.chunks.append(data)
+        self.size += len(data)
+
+    def take(self, batch):
+        rows = jsonable_rows(batch)
+        text = json.dumps(rows, separators=(",", ":"), default=str)[1:-1].encode()
+        if self._rows_bytes + len(text) + 1 <= self.max_bytes:
+            self._add_rows(text, len(rows))
+            return True
+        for row in rows:   # the batch that crosses the cap: row by row, as many as fit
+            one = json.dumps(row, separators=(",", ":"), default=str).encode()
+            if self._rows_bytes + len(one) + 1 > self.max_bytes:
+                return False
+            self._add_rows(one, 1)
+        return False
+
+    def _add_rows(self, text, count):
+        if not text:
+            return
+        if self.row_count:
+            text = b"," + text
+        self._append(text)
+        self._rows_bytes += len(text)
+        self.row_count += count
+
+    def finish(self, result):
+        tail = {"truncated": result.truncated, "elapsed_ms": round(result.elapsed_ms, 3)}
+        if result.truncated_reason:
+            tail["truncated_reason"] = result.truncated_reason
+        self._append(b"]," + json.dumps(tail, separators=(",", ":"))[1:].encode() + b"\n")
+
+
+def run_query(db_path, sql, limit=DEFAULT_LIMIT, timeout_s=DEFAULT_TIMEOUT_S, params=None, max_bytes=None,
+              into=None) -> QueryResult:
+    """Run one read-only SQL statement; at most `limit` rows and about `max_bytes` of rows as JSON
+    (truncated=True and truncated_reason "limit" or "bytes" when more existed).
+
+    With max_bytes, SQLite's own length limit stops any single value over it (a QueryError).
+    With `into` (a JsonAnswer), the rows are encoded into it as they are fetched and the result
+    holds no rows. Raises QueryRejected (not a single read-only statement), QueryTimeout (ran
+    past timeout_s), QueryError (SQLite refused it: syntax, unknown table, too big, …) and
+    DatabaseUnavailable.
     """
     if not isinstance(sql, str) or not sql.strip():
         raise QueryRejected("empty SQL; send one SELECT statement")
@@ -229,6 +328,13 @@ def run_query(db_path, sql, limit=DEFAULT_LIMIT, timeout_s=DEFAULT_TIMEOUT_S, pa
     if limit < 0:
         raise QueryRejected(f"limit must be >= 0, got {limit}")
     timeout_s = float(timeout_s if timeout_s is not None else DEFAULT_TIMEOUT_S)
+    if max_bytes is not None:
+        max_bytes = int(max_bytes)
+        if into is not None:
+            max_bytes = min(max_bytes, into.max_bytes)
+    elif into is not None:
+        max_bytes = into.max_bytes
+    sink = into if into is not None else _RowCollector(max_bytes)
     started = time.monotonic()
     conn = open_readonly(db_path)
     guard = _Guard()
@@ -241,9 +347,13 @@ def run_query(db_path, sql, limit=DEFAULT_LIMIT, timeout_s=DEFAULT_TIMEOUT_S, pa
             return 1
         return 0
 
+    truncated_reason = None
     try:
         conn.set_authorizer(guard)
         conn.set_progress_handler(progress, _PROGRESS_EVERY_OPS)
+        if max_bytes is not None and hasattr(conn, "setlimit"):
+            # one value can never be bigger than the whole answer (a BLOB travels as hex: twice)
+            conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max(1 << 20, max_bytes // 2))
         try:
             cursor = conn.execute(sql, params or ())
             if cursor.description is None:
@@ -252,8 +362,18 @@ def run_query(db_path, sql, limit=DEFAULT_LIMIT, timeout_s=DEFAULT_TIMEOUT_S, pa
                 raise QueryRejected("not a query: send one SELECT (or WITH … SELECT, or a read-only PRAGMA)")
             if not guard.saw_query:
                 raise QueryRejected("not a query: send one SELECT (or WITH … SELECT, or a read-only PRAGMA)")
-            columns = [d[0] for d in cursor.description]
-            rows = cursor.fetchmany(limit + 1) if limit else cursor.fetchmany(1)
+            sink.start([d[0] for d in cursor.description])
+            taken = 0
+            while taken < limit:
+                batch = cursor.fetchmany(min(_FETCH_BATCH, limit - taken))
+                if not batch:
+                    break
+                if not sink.take(batch):
+                    truncated_reason = "bytes"
+                    break
+                taken += len(batch)
+            if truncated_reason is None and taken >= limit and cursor.fetchmany(1):
+                truncated_reason = "limit"
         except sqlite3.ProgrammingError as exc:
             if "one statement" in str(exc):
                 raise QueryRejected("more than one statement; send exactly one (remove everything after the first ';')") from None
@@ -271,11 +391,17 @@ def run_query(db_path, sql, limit=DEFAULT_LIMIT, timeout_s=DEFAULT_TIMEOUT_S, pa
                 raise QueryRejected(f"the query tried to write ({text}); queries are read-only") from None
             if "not a database" in text:
                 raise DatabaseUnavailable(f"{db_path} is not a SQLite database ({text})") from None
+            if "too big" in text and max_bytes is not None:
+                raise QueryError(f"{text}: a value is over this node's answer limit of {max_bytes} bytes; "
+                                 f"select a part of it (substr, length) instead") from None
             raise QueryError(text) from None
-        truncated = len(rows) > limit
-        rows = [list(r) for r in rows[:limit]]
-        return QueryResult(columns=columns, rows=rows, truncated=truncated,
-                           elapsed_ms=(time.monotonic() - started) * 1000.0)
+        result = QueryResult(columns=list(getattr(sink, "columns", []) or []),
+                             rows=getattr(sink, "rows", []) if into is None else [],
+                             truncated=truncated_reason is not None, truncated_reason=truncated_reason,
+                             elapsed_ms=(time.monotonic() - started) * 1000.0)
+        if into is not None:
+            into.finish(result)
+        return result
     finally:
         conn.set_progress_handler(None, 0)
         conn.close()
