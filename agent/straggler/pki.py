@@ -1,11 +1,16 @@
 """A small PKI for the fleet: one CA, server certificates for the agents, client certificates
-for the people and playbooks that query them. Files live in one directory:
+for the people and playbooks that query them, and a revocation list. Files live in one directory:
 
-    DIR/ca.crt  DIR/ca.key (0600)  DIR/NAME.crt  DIR/NAME.key (0600)
+    DIR/ca.crt  DIR/ca.key (0600)  DIR/crl.pem  DIR/NAME.crt  DIR/NAME.key (0600)
+    DIR/revoked/NAME/SERIAL.crt   (revoked certificates, moved aside; their keys are deleted)
 
-Idempotent: `init_ca` keeps a valid CA, `issue` keeps a certificate that this CA signed, with
-the same SANs and kind, that is not close to expiry; each reports changed / unchanged (the
-Ansible pki role relies on that). Uses the `cryptography` package (controller side).
+A client certificate carries its roles (straggler.tls.ROLES) as subject OU attributes
+"straggler:<role>"; server certificates carry none.
+
+Idempotent: `init_ca` keeps a valid CA (and writes or refreshes its CRL), `issue` keeps a
+certificate that this CA signed, with the same SANs, kind and roles, not revoked, not close to
+expiry; `revoke` and `write_crl` change the CRL only when needed. Each reports changed /
+unchanged (the Ansible pki role relies on that). Uses the `cryptography` package (controller side).
 
 This module must not be imported by the agent core at start-up (only by `straggler pki`).
 """
@@ -17,11 +22,18 @@ import re
 import tempfile
 
 from .errors import StragglerError
+from .tls import CRL_FILE_NAME, ROLE_OU_PREFIX, ROLES
 
 CA_DAYS = 3650
 CERT_DAYS = 825
 RENEW_BEFORE_DAYS = 30
+# The CRL's nextUpdate: an agent refuses every client once its CRL is past nextUpdate, so `init`,
+# `crl` and `revoke` (and so the pki role) re-sign it when less than CRL_RENEW_BEFORE_DAYS are
+# left: any run in the second half of its year renews it (run the role at least every six months).
+CRL_DAYS = 365
+CRL_RENEW_BEFORE_DAYS = 185
 KINDS = ("server", "client")
+REVOKED_DIR = "revoked"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 
@@ -45,9 +57,12 @@ def _now():
     return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
 
 
+def _utc(value):
+    return value.replace(tzinfo=datetime.timezone.utc) if value is not None and value.tzinfo is None else value
+
+
 def _not_after(cert):
-    value = cert.not_valid_after
-    return value.replace(tzinfo=datetime.timezone.utc) if value.tzinfo is None else value
+    return _utc(cert.not_valid_after)
 
 
 def _write_atomic(path, data: bytes, mode: int):
@@ -140,7 +155,8 @@ def init_ca(directory, common_name="straggler fleet CA", force=False):
     cert, key = _load_cert(cert_path), _load_key(key_path)
     if not force and _ca_is_valid(cert, key):
         os.chmod(key_path, 0o600)
-        return {"changed": False, "ca_cert": cert_path, "ca_key": key_path,
+        crl = _ensure_crl(directory, cert, key)
+        return {"changed": crl["changed"], "ca_cert": cert_path, "ca_key": key_path, "crl": crl["crl"],
                 "not_after": _not_after(cert).isoformat(), "subject": cert.subject.rfc4514_string()}
     # missing, broken, not a CA, or close to expiry: a new CA (every certificate must then be reissued,
     # which `issue` does by itself: it checks the signature against the current CA)
@@ -160,7 +176,9 @@ def init_ca(directory, common_name="straggler fleet CA", force=False):
             .sign(key, hashes.SHA256()))
     _write_atomic(key_path, _key_pem(key), 0o600)
     _write_atomic(cert_path, _cert_pem(cert), 0o644)
-    return {"changed": True, "ca_cert": cert_path, "ca_key": key_path,
+    # the old CRL (if any) is the old CA's: start an empty one, signed by this CA
+    crl = _ensure_crl(directory, cert, key)
+    return {"changed": True, "ca_cert": cert_path, "ca_key": key_path, "crl": crl["crl"],
             "not_after": _not_after(cert).isoformat(), "subject": cert.subject.rfc4514_string()}
 
 
@@ -215,6 +233,40 @@ def _kind_of(cert):
     return None
 
 
+def _parse_roles(roles, kind):
+    """roles for a certificate of this kind -> sorted tuple (ROLES order). None: the default (client: all)."""
+    if kind == "server":
+        if roles:
+            raise PKIError("roles are for client certificates (--client); a server certificate carries none")
+        return ()
+    if roles is None:
+        return ROLES
+    wanted = set()
+    for role in roles:
+        role = str(role).strip()
+        if role.startswith(ROLE_OU_PREFIX):
+            role = role[len(ROLE_OU_PREFIX):]
+        if role not in ROLES:
+            raise PKIError(f"unknown role {role!r}; use one of {', '.join(ROLES)}")
+        wanted.add(role)
+    if not wanted:
+        raise PKIError(f"a client certificate needs at least one role ({', '.join(ROLES)})")
+    return tuple(r for r in ROLES if r in wanted)
+
+
+def _roles_of(cert):
+    """Every "straggler:" OU of the certificate's subject, prefix removed, as a sorted tuple."""
+    NameOID = _crypto()[5]
+    found = {attr.value[len(ROLE_OU_PREFIX):]
+             for attr in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)
+             if isinstance(attr.value, str) and attr.value.startswith(ROLE_OU_PREFIX)}
+    return tuple(r for r in ROLES if r in found) + tuple(sorted(found - set(ROLES)))
+
+
+def _serial_hex(serial: int) -> str:
+    return format(serial, "X")
+
+
 def _signed_by(cert, ca_cert):
     ec = _crypto()[3]
     if cert.issuer != ca_cert.subject:
@@ -240,18 +292,27 @@ def _load_ca(directory):
     return cert, key
 
 
-def issue(directory, name, sans, kind="server", force=False):
+def _check_name(name):
+    if not _NAME_RE.match(name or "") or name == "ca":
+        raise PKIError(f"certificate name {name!r} is not usable as a file name (letters, digits, . _ -; not 'ca')")
+
+
+def issue(directory, name, sans, kind="server", force=False, roles=None):
     """Issue DIR/NAME.crt and DIR/NAME.key (0600), signed by DIR's CA, unless a matching one exists.
 
     kind 'server' (agents: extendedKeyUsage serverAuth) or 'client' (fleet client: clientAuth).
     sans: IP addresses and DNS names (prefix IP:/DNS: optional). The name itself is always added
     as a DNS SAN for server certificates, so a client may verify by node name.
+    roles: a client certificate's roles (straggler.tls.ROLES), written as subject OU attributes
+    "straggler:<role>"; None gives a client certificate every role. Server certificates take none.
+    An existing certificate is kept only when it matches: same SANs, kind and roles, signed by this
+    CA, not in its CRL, not close to expiry; otherwise it is re-issued with a new key.
     """
     x509, hashes, _, _, EKU, NameOID = _crypto()
     if kind not in KINDS:
         raise PKIError(f"unknown certificate kind {kind!r}; use one of {', '.join(KINDS)}")
-    if not _NAME_RE.match(name or "") or name == "ca":
-        raise PKIError(f"certificate name {name!r} is not usable as a file name (letters, digits, . _ -; not 'ca')")
+    _check_name(name)
+    wanted_roles = _parse_roles(roles, kind)
     _ensure_dir(directory)
     ca_cert, ca_key = _load_ca(directory)
     wanted = _parse_sans(sans)
@@ -263,18 +324,24 @@ def issue(directory, name, sans, kind="server", force=False):
     cert_path, key_path = _paths(directory, name)
     cert, key = _load_cert(cert_path), _load_key(key_path)
     summary = {"name": name, "kind": kind, "cert": cert_path, "key": key_path, "ca_cert": _paths(directory, "ca")[0],
-               "sans": [f"{t.upper()}:{v}" for t, v in wanted]}
+               "sans": [f"{t.upper()}:{v}" for t, v in wanted], "roles": list(wanted_roles)}
     if (not force and cert is not None and key is not None and _same_public_key(cert, key)
             and _signed_by(cert, ca_cert) and _sans_of(cert) == wanted and _kind_of(cert) == kind
+            and _roles_of(cert) == wanted_roles
+            and cert.serial_number not in _revoked_serials(directory, ca_cert)
             and _not_after(cert) - _now() > datetime.timedelta(days=RENEW_BEFORE_DAYS)):
         os.chmod(key_path, 0o600)
-        summary.update(changed=False, not_after=_not_after(cert).isoformat())
+        summary.update(changed=False, not_after=_not_after(cert).isoformat(), serial=_serial_hex(cert.serial_number))
         return summary
     key = _new_key()
     now = _now()
     san_values = [x509.IPAddress(ipaddress.ip_address(v)) if t == "ip" else x509.DNSName(v) for t, v in wanted]
+    subject = [x509.RelativeDistinguishedName([x509.NameAttribute(NameOID.COMMON_NAME, name)])]
+    subject += [x509.RelativeDistinguishedName([x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME,
+                                                                   ROLE_OU_PREFIX + role)])
+                for role in wanted_roles]
     builder = (x509.CertificateBuilder()
-               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+               .subject_name(x509.Name(subject))
                .issuer_name(ca_cert.subject)
                .public_key(key.public_key())
                .serial_number(x509.random_serial_number())
@@ -292,7 +359,215 @@ def issue(directory, name, sans, kind="server", force=False):
     cert = builder.sign(ca_key, hashes.SHA256())
     _write_atomic(key_path, _key_pem(key), 0o600)
     _write_atomic(cert_path, _cert_pem(cert), 0o644)
-    summary.update(changed=True, not_after=_not_after(cert).isoformat())
+    summary.update(changed=True, not_after=_not_after(cert).isoformat(), serial=_serial_hex(cert.serial_number))
+    return summary
+
+
+# ---------------------------------------------------------------- revocation
+
+def _crl_path(directory):
+    return os.path.join(directory, CRL_FILE_NAME)
+
+
+def _load_crl(path):
+    x509 = _crypto()[0]
+    try:
+        with open(path, "rb") as fh:
+            return x509.load_pem_x509_crl(fh.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _crl_of_ca(directory, ca_cert):
+    """DIR/crl.pem when it is this CA's (issuer and signature), else None."""
+    crl = _load_crl(_crl_path(directory))
+    if crl is None or crl.issuer != ca_cert.subject:
+        return None
+    try:
+        if not crl.is_signature_valid(ca_cert.public_key()):
+            return None
+    except Exception:  # a CA key of another type
+        return None
+    return crl
+
+
+def _revoked_serials(directory, ca_cert):
+    crl = _crl_of_ca(directory, ca_cert)
+    return {entry.serial_number for entry in crl} if crl is not None else set()
+
+
+def _crl_number(crl):
+    x509 = _crypto()[0]
+    try:
+        return crl.extensions.get_extension_for_class(x509.CRLNumber).value.crl_number
+    except x509.ExtensionNotFound:
+        return 0
+
+
+def _sign_crl(directory, ca_cert, ca_key, entries, number):
+    """Write DIR/crl.pem: entries {serial: revocation date}, valid for CRL_DAYS."""
+    x509, hashes = _crypto()[:2]
+    now = _now()
+    builder = (x509.CertificateRevocationListBuilder()
+               .issuer_name(ca_cert.subject)
+               # an hour back, like the certificates' notBefore: hosts whose clock lags still accept it
+               .last_update(now - datetime.timedelta(hours=1))
+               .next_update(min(now + datetime.timedelta(days=CRL_DAYS), _not_after(ca_cert)))
+               .add_extension(x509.CRLNumber(number), critical=False)
+               .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False))
+    for serial, when in sorted(entries.items()):
+        builder = builder.add_revoked_certificate(
+            x509.RevokedCertificateBuilder().serial_number(serial).revocation_date(when).build())
+    crl = builder.sign(ca_key, hashes.SHA256())
+    serialization = _crypto()[2]
+    _write_atomic(_crl_path(directory), crl.public_bytes(serialization.Encoding.PEM), 0o644)
+    return crl
+
+
+def _crl_summary(directory, crl, changed):
+    return {"changed": changed, "crl": _crl_path(directory),
+            "revoked_serials": sorted(_serial_hex(e.serial_number) for e in crl),
+            "next_update": _utc(crl.next_update).isoformat()}
+
+
+def _revoked_files(directory, ca_cert):
+    """{serial: revocation date} of the certificates of this CA moved aside to DIR/revoked/: a CRL
+    that was lost or damaged is rebuilt with them rather than silently emptied."""
+    found = {}
+    top = os.path.join(directory, REVOKED_DIR)
+    try:
+        names = os.listdir(top)
+    except OSError:
+        return found
+    for name in names:
+        folder = os.path.join(top, name)
+        try:
+            files = [f for f in os.listdir(folder) if f.endswith(".crt")]
+        except OSError:
+            continue
+        for entry in files:
+            path = os.path.join(folder, entry)
+            cert = _load_cert(path)
+            if cert is not None and _signed_by(cert, ca_cert):
+                found[cert.serial_number] = datetime.datetime.fromtimestamp(
+                    int(os.path.getmtime(path)), tz=datetime.timezone.utc)
+    return found
+
+
+def _ensure_crl(directory, ca_cert, ca_key, add=None, force=False):
+    """Keep DIR/crl.pem when it is this CA's, holds every serial in `add` (and of the certificates in
+    DIR/revoked/) and is not close to its nextUpdate; otherwise re-sign it with its entries plus
+    those. Returns _crl_summary."""
+    crl = _crl_of_ca(directory, ca_cert)
+    entries = {e.serial_number: _utc(e.revocation_date) for e in crl} if crl is not None else {}
+    for serial, when in _revoked_files(directory, ca_cert).items():
+        if serial not in entries:
+            entries[serial] = when
+            force = True
+    missing = {serial for serial in (add or ()) if serial not in entries}
+    if (not force and crl is not None and not missing
+            and _utc(crl.next_update) is not None
+            and _utc(crl.next_update) - _now() > datetime.timedelta(days=CRL_RENEW_BEFORE_DAYS)):
+        return _crl_summary(directory, crl, False)
+    now = _now()
+    entries.update({serial: now for serial in missing})
+    crl = _sign_crl(directory, ca_cert, ca_key, entries, (_crl_number(crl) + 1) if crl is not None else 1)
+    return _crl_summary(directory, crl, True)
+
+
+def write_crl(directory, force=False):
+    """(Re)write DIR/crl.pem for DIR's CA: kept when it is this CA's and not close to nextUpdate,
+    else re-signed with the same entries (an empty list the first time, or after a new CA)."""
+    ca_cert, ca_key = _load_ca(directory)
+    return _ensure_crl(directory, ca_cert, ca_key, force=force)
+
+
+def _parse_serial(text):
+    raw = str(text).strip().replace(":", "")
+    if raw.lower().startswith("0x"):
+        raw = raw[2:]
+    try:
+        serial = int(raw, 16)
+    except ValueError:
+        raise PKIError(f"serial {text!r} is not a hexadecimal number (as `openssl x509 -noout -serial` prints it)") from None
+    if serial <= 0:
+        raise PKIError(f"serial {text!r} is not a certificate serial number")
+    return serial
+
+
+def _revoked_record(directory, name):
+    folder = os.path.join(directory, REVOKED_DIR, name)
+    try:
+        return sorted(f[:-4] for f in os.listdir(folder) if f.endswith(".crt"))
+    except OSError:
+        return []
+
+
+def revoke(directory, names=(), serials=(), check=False):
+    """Revoke certificates: add them to DIR/crl.pem (re-signed by DIR's CA), and move each revoked
+    DIR/NAME.crt aside to DIR/revoked/NAME/SERIAL.crt (its key is deleted), so that the next
+    `issue` of NAME makes a new certificate.
+
+    names: certificate names in DIR (their current NAME.crt); a name with no NAME.crt whose
+    certificate was revoked before is unchanged, one never issued is an error. serials: hexadecimal
+    serial numbers (certificates issued elsewhere, or already gone). check: report what would
+    change, write nothing. Returns {"changed", "crl", "revoked": [{name, serial, changed}], ...}.
+    """
+    ca_cert, ca_key = _load_ca(directory)
+    revoked = set(_revoked_serials(directory, ca_cert))
+    items, moves, add = [], [], set()
+    for name in names or ():
+        _check_name(name)
+        cert_path, key_path = _paths(directory, name)
+        if not os.path.exists(cert_path):
+            record = _revoked_record(directory, name)
+            if not record:
+                raise PKIError(f"no certificate {name!r} in {directory} ({name}.crt), and none revoked by that "
+                               f"name; check the name, or revoke by --serial")
+            items.append({"name": name, "serial": record[-1], "changed": False})
+            continue
+        cert = _load_cert(cert_path)
+        if cert is None:
+            raise PKIError(f"cannot read {cert_path} (not a PEM certificate); revoke it by --serial instead")
+        serial = cert.serial_number
+        items.append({"name": name, "serial": _serial_hex(serial), "changed": serial not in revoked})
+        add.add(serial)
+        moves.append((name, cert_path, key_path, serial))
+    for text in serials or ():
+        serial = _parse_serial(text)
+        if serial == ca_cert.serial_number:
+            raise PKIError("that serial is the CA's own; to replace the CA run `straggler pki init --force`")
+        items.append({"name": None, "serial": _serial_hex(serial), "changed": serial not in revoked})
+        add.add(serial)
+    if not items:
+        raise PKIError("say what to revoke: `straggler pki revoke --dir D NAME` or `--serial HEX`")
+    # a certificate in DIR with a revoked serial is moved aside too, whatever name it was revoked by
+    by_name = {m[0] for m in moves}
+    for entry in sorted(os.listdir(directory)):
+        name = entry[:-4]
+        if not entry.endswith(".crt") or name == "ca" or name in by_name or not _NAME_RE.match(name):
+            continue
+        cert = _load_cert(os.path.join(directory, entry))
+        if cert is not None and cert.serial_number in add:
+            moves.append((name,) + _paths(directory, name) + (cert.serial_number,))
+    changed = bool(add - revoked) or bool(moves)
+    if check:
+        crl = _crl_of_ca(directory, ca_cert)
+        summary = {"changed": changed, "crl": _crl_path(directory), "check": True}
+        if crl is None:
+            summary["changed"] = True
+    else:
+        summary = _ensure_crl(directory, ca_cert, ca_key, add=add)
+        summary["changed"] = summary["changed"] or bool(moves)
+        for name, cert_path, key_path, serial in moves:
+            folder = os.path.join(directory, REVOKED_DIR, name)
+            os.makedirs(folder, mode=0o755, exist_ok=True)
+            os.replace(cert_path, os.path.join(folder, _serial_hex(serial) + ".crt"))
+            try:
+                os.unlink(key_path)
+            except FileNotFoundError:
+                pass
+    summary["revoked"] = items
     return summary
 
 
@@ -307,12 +582,29 @@ def add_arguments(parser):
     p_init.add_argument("--json", action="store_true", help="print a JSON summary with 'changed'")
     p_issue = sub.add_parser("issue", help="issue DIR/NAME.crt and DIR/NAME.key signed by DIR's CA")
     p_issue.add_argument("--dir", required=True, help="directory holding ca.crt and ca.key")
-    p_issue.add_argument("--name", required=True, help="certificate name: the node name, or e.g. 'controller'")
+    p_issue.add_argument("--name", help="certificate name: the node name, or e.g. 'controller'")
     p_issue.add_argument("--san", action="append", default=[], metavar="IP|DNS",
                          help="subject alternative name (repeat, or comma-separated): the addresses clients connect to")
-    p_issue.add_argument("--client", action="store_true", help="a client certificate (fleet client) instead of a server one")
+    p_issue.add_argument("--client", nargs="?", const=True, default=False, metavar="NAME",
+                         help="a client certificate (fleet client) instead of a server one; `--client NAME` is "
+                              "short for `--name NAME --client`")
+    p_issue.add_argument("--role", action="append", choices=ROLES, default=None, dest="roles",
+                         help="client certificate: a role it grants (repeat): 'query' (read-only SQL, clock, health, "
+                              "live, metrics), 'snapshot' (the whole store); default both. A certificate with other "
+                              "roles is re-issued")
     p_issue.add_argument("--force", action="store_true", help="reissue even if a matching certificate exists")
     p_issue.add_argument("--json", action="store_true", help="print a JSON summary with 'changed'")
+    p_revoke = sub.add_parser("revoke", help="revoke certificates: add them to DIR/crl.pem (signed by DIR's CA)")
+    p_revoke.add_argument("--dir", required=True, help="directory holding ca.crt and ca.key")
+    p_revoke.add_argument("names", nargs="*", metavar="NAME", help="certificate name (DIR/NAME.crt); repeatable")
+    p_revoke.add_argument("--serial", action="append", default=[], metavar="HEX",
+                          help="revoke by serial number (hexadecimal, as `openssl x509 -noout -serial` prints it)")
+    p_revoke.add_argument("--check", action="store_true", help="only report whether anything would change")
+    p_revoke.add_argument("--json", action="store_true", help="print a JSON summary with 'changed'")
+    p_crl = sub.add_parser("crl", help="(re)write DIR/crl.pem, the CA's revocation list, when missing or near nextUpdate")
+    p_crl.add_argument("--dir", required=True, help="directory holding ca.crt and ca.key")
+    p_crl.add_argument("--force", action="store_true", help="re-sign even if the current CRL is fine")
+    p_crl.add_argument("--json", action="store_true", help="print a JSON summary with 'changed'")
 
 
 def run(args):
@@ -320,10 +612,38 @@ def run(args):
         summary = init_ca(args.dir, common_name=args.name, force=args.force)
         what = f"CA {summary['ca_cert']}"
     elif args.pki_command == "issue":
-        summary = issue(args.dir, args.name, args.san, kind="client" if args.client else "server", force=args.force)
-        what = f"{summary['kind']} certificate {summary['cert']} ({', '.join(summary['sans']) or 'no SAN'})"
+        name = args.name
+        if isinstance(args.client, str):
+            if name and name != args.client:
+                raise PKIError(f"--client {args.client} and --name {name} disagree; give the name once")
+            name = args.client
+        if not name:
+            raise PKIError("say which certificate: --name NAME (or --client NAME for a client certificate)")
+        summary = issue(args.dir, name, args.san, kind="client" if args.client else "server", force=args.force,
+                        roles=args.roles)
+        roles = f"; roles {', '.join(summary['roles'])}" if summary["roles"] else ""
+        what = f"{summary['kind']} certificate {summary['cert']} ({', '.join(summary['sans']) or 'no SAN'}{roles})"
+    elif args.pki_command == "revoke":
+        summary = revoke(args.dir, names=args.names, serials=args.serial, check=args.check)
+        if args.json:
+            print(json.dumps(summary, indent=2))
+            return 0
+        for item in summary["revoked"]:
+            label = item["name"] or "certificate"
+            verb = ("would revoke" if args.check else "revoked") if item["changed"] else "unchanged"
+            suffix = "" if item["changed"] else " (already revoked)"
+            print(f"{verb}: {label} serial {item['serial']}{suffix}, CRL {summary['crl']}")
+        return 0
+    elif args.pki_command == "crl":
+        summary = write_crl(args.dir, force=args.force)
+        if not args.json:
+            print(f"{'created' if summary['changed'] else 'unchanged'}: CRL {summary['crl']} "
+                  f"({len(summary['revoked_serials'])} revoked), valid until {summary['next_update']}")
+            return 0
+        what = None
     else:
-        raise PKIError("say what to do: `straggler pki init --dir D` or `straggler pki issue --dir D --name N --san IP`")
+        raise PKIError("say what to do: `straggler pki init --dir D`, `straggler pki issue --dir D --name N --san IP`, "
+                       "`straggler pki revoke --dir D NAME` or `straggler pki crl --dir D`")
     if args.json:
         print(json.dumps(summary, indent=2))
     else:

@@ -7,11 +7,18 @@ same CA, including the host name or IP address it connected to (the certificate'
 Plain HTTP only with an explicit --no-tls, which warns, and a server then binds to loopback
 only unless --no-tls-any-address is given too.
 
+Authorization is by certificate: a client certificate names its roles (`peer_roles`), and the
+server refuses certificates that the fleet CA's revocation list (CRL, --crl) names, at the
+handshake. `ServerContextCache` rebuilds the server's context when the files change, so a new
+CRL takes effect for new connections without a restart.
+
 This module builds ssl contexts and checks files; it must not open sockets.
 """
 import logging
 import os
 import ssl
+import threading
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -23,6 +30,18 @@ DEFAULT_TLS_DIR = "/etc/straggler/tls"
 DEFAULT_CA = os.path.join(DEFAULT_TLS_DIR, "ca.crt")
 DEFAULT_CERT = os.path.join(DEFAULT_TLS_DIR, "node.crt")
 DEFAULT_KEY = os.path.join(DEFAULT_TLS_DIR, "node.key")
+# The fleet CA's certificate revocation list, distributed by the pki role beside ca.crt. Without
+# --crl the server uses crl.pem in the directory of the CA certificate (this file, for the default
+# --ca) when it exists, and picks it up when it appears later (ServerContextCache).
+DEFAULT_CRL = os.path.join(DEFAULT_TLS_DIR, "crl.pem")
+CRL_FILE_NAME = "crl.pem"
+
+# Roles a client certificate can carry, as subject organizationalUnitName attributes
+# "straggler:<role>" (written by `straggler pki issue --client --role ROLE`).
+ROLE_QUERY = "query"          # read-only SQL, clock, health, live, metrics
+ROLE_SNAPSHOT = "snapshot"    # the whole store (GET /api/v1/snapshot)
+ROLES = (ROLE_QUERY, ROLE_SNAPSHOT)
+ROLE_OU_PREFIX = "straggler:"
 
 NO_TLS_WARNING = ("TLS is off (--no-tls): requests and answers travel in plain text and any local "
                   "process can query the database")
@@ -38,6 +57,9 @@ class TLSOptions:
 
     server_name: verify the server's certificate against this name instead of the address
     connected to (e.g. connect by IP, verify by node name); client side only.
+    crl: the fleet CA's revocation list (PEM), server side only. None (the default): crl.pem
+    beside the CA certificate (DEFAULT_CRL for the default --ca), used when that file exists;
+    a path given here (--crl FILE) must exist.
     """
     ca: Optional[str] = DEFAULT_CA
     cert: Optional[str] = DEFAULT_CERT
@@ -45,6 +67,7 @@ class TLSOptions:
     no_tls: bool = False
     any_address: bool = False
     server_name: Optional[str] = None
+    crl: Optional[str] = None
 
     @classmethod
     def from_args(cls, args):
@@ -55,11 +78,21 @@ class TLSOptions:
             no_tls=bool(getattr(args, "no_tls", False)),
             any_address=bool(getattr(args, "no_tls_any_address", False)),
             server_name=getattr(args, "tls_server_name", None),
+            crl=getattr(args, "crl", None) or None,
         )
 
     @property
     def scheme(self):
         return "http" if self.no_tls else "https"
+
+    @property
+    def crl_path(self) -> Optional[str]:
+        """The CRL file the server uses when it exists: --crl, else crl.pem beside the CA certificate."""
+        if self.crl:
+            return self.crl
+        if not self.ca:
+            return None
+        return os.path.join(os.path.dirname(os.path.abspath(self.ca)), CRL_FILE_NAME)
 
 
 def add_tls_arguments(parser):
@@ -77,6 +110,10 @@ def add_tls_arguments(parser):
                        help="with --no-tls: let the server bind to a non-loopback address anyway")
     group.add_argument("--tls-server-name", default=None, metavar="NAME",
                        help="client: verify the server's certificate against NAME instead of the address connected to")
+    group.add_argument("--crl", default=None, metavar="FILE",
+                       help="server: the fleet CA's certificate revocation list; a revoked client certificate fails "
+                            "at the handshake, and a changed file takes effect without a restart (default: crl.pem "
+                            f"beside the CA certificate, {DEFAULT_CRL} for the default --ca, when it exists)")
     return group
 
 
@@ -119,14 +156,40 @@ def _load(context, opts, side):
         raise TLSError(f"cannot read {side} certificate {opts.cert} / key {opts.key}: {_one_line(exc)}") from None
 
 
+def _server_crl(opts):
+    """The CRL file to load, or None: an explicit --crl must exist, the default one may be absent."""
+    path = opts.crl_path
+    if not opts.crl and (path is None or not os.path.exists(path)):
+        return None
+    if not os.path.exists(path):
+        raise TLSError(f"CRL file {path} does not exist; pass --crl with the fleet CA's revocation list "
+                       f"(`straggler pki crl --dir DIR` writes DIR/crl.pem), or leave --crl out")
+    if not os.path.isfile(path):
+        raise TLSError(f"CRL file {path} is not a regular file; pass --crl FILE")
+    if not os.access(path, os.R_OK):
+        raise TLSError(f"CRL file {path} is not readable by this user; run as its owner or fix its mode")
+    return path
+
+
 def server_context(opts: TLSOptions) -> ssl.SSLContext:
-    """An ssl context for the agent's API: TLS 1.3 only, client certificate from the fleet CA required."""
+    """An ssl context for the agent's API: TLS 1.3 only, client certificate from the fleet CA required,
+    and not revoked when there is a CRL (opts.crl_path): a revoked certificate fails at the handshake."""
     if opts.no_tls:
         raise TLSError("server_context called with no_tls set; serve plain HTTP instead")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     _tls13_only(context)
     _load(context, opts, "server")
     context.verify_mode = ssl.CERT_REQUIRED
+    crl = _server_crl(opts)
+    if crl:
+        try:
+            context.load_verify_locations(cafile=crl)
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            raise TLSError(f"cannot load CRL {crl}: {_one_line(exc)}; is it a PEM CRL "
+                           f"(`straggler pki crl` writes one)?") from None
+        # the CRL must be the fleet CA's: with this flag a client certificate whose issuer has no CRL
+        # in the context fails too
+        context.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
     # every fleet request is a fresh connection and nothing resumes sessions: skip the two
     # TLS 1.3 session tickets OpenSSL would otherwise make and send after each handshake
     context.num_tickets = 0
@@ -144,6 +207,91 @@ def client_context(opts: TLSOptions) -> ssl.SSLContext:
     context.verify_mode = ssl.CERT_REQUIRED
     context.check_hostname = True
     return context
+
+
+def _file_state(path):
+    if not path:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+class ServerContextCache:
+    """The server's ssl context, rebuilt when the CA, certificate, key or CRL file changes.
+
+    `current()` returns the context for a new connection. At most once per `check_interval_s` it
+    compares the files' (mtime_ns, size, inode) with those of the last build and, when they differ,
+    builds a new context: a new CRL (the pki role distributes one) then takes effect for new
+    connections without a restart; open connections keep theirs. When the rebuild fails (a key that
+    does not match the new certificate yet, a CRL that is not PEM), the previous context stays in
+    use and one warning is logged per changed state of the files. The first build happens here and raises
+    TLSError like server_context. Thread-safe.
+    """
+
+    def __init__(self, opts: TLSOptions, check_interval_s: float = 1.0, logger=None):
+        self.opts = opts
+        self.check_interval_s = check_interval_s
+        self._log = logger or log
+        self._lock = threading.Lock()
+        state = self._state()
+        self._context = server_context(opts)
+        self._built_state = state
+        self._failed_state = None
+        self._checked = time.monotonic()
+
+    def _paths(self):
+        return (self.opts.ca, self.opts.cert, self.opts.key, self.opts.crl_path)
+
+    def _state(self):
+        return tuple(_file_state(path) for path in self._paths())
+
+    def current(self) -> ssl.SSLContext:
+        if time.monotonic() - self._checked < self.check_interval_s:
+            return self._context
+        with self._lock:
+            now = time.monotonic()
+            if now - self._checked < self.check_interval_s:
+                return self._context
+            self._checked = now
+            state = self._state()
+            if state == self._built_state or state == self._failed_state:
+                return self._context
+            try:
+                context = server_context(self.opts)
+            except TLSError as exc:
+                self._failed_state = state
+                self._log.warning("TLS files changed but cannot be loaded (%s); new connections keep the "
+                                  "previous certificates and CRL", exc)
+                return self._context
+            self._context, self._built_state, self._failed_state = context, state, None
+            self._log.info("TLS files changed: new connections use the new certificates and CRL")
+            return self._context
+
+
+def peer_roles(peercert: dict) -> frozenset:
+    """The roles (ROLES) a client certificate grants, from a verified `SSLSocket.getpeercert()` dict.
+
+    A role is a subject organizationalUnitName attribute "straggler:<role>"; roles this version does
+    not know are ignored. A certificate without any "straggler:" OU (issued before roles existed)
+    gets ROLE_QUERY only (least privilege); one whose "straggler:" OUs are all unknown gets none.
+    No certificate (None or an empty dict: not verified) gets none.
+    """
+    if not peercert:
+        return frozenset()
+    named = set()
+    for rdn in peercert.get("subject", ()):
+        for attribute in rdn:
+            if len(attribute) != 2:
+                continue
+            key, value = attribute
+            if key == "organizationalUnitName" and isinstance(value, str) and value.startswith(ROLE_OU_PREFIX):
+                named.add(value[len(ROLE_OU_PREFIX):])
+    if not named:
+        return frozenset({ROLE_QUERY})
+    return frozenset(named & set(ROLES))
 
 
 def warn_no_tls(logger=None):

@@ -1,0 +1,336 @@
+"""Authorization by certificate (roles as subject OU attributes) and revocation (a CRL signed by
+the fleet CA), over real TLS 1.3 handshakes on loopback: `straggler pki issue --role`,
+`straggler pki revoke`, `straggler.tls.peer_roles` and `straggler.tls.ServerContextCache`.
+
+The server here is a minimal one (a thread, plain ssl/socket) that takes each new connection's
+context from ServerContextCache(opts).current(), completes the handshake and answers with
+peer_roles(getpeercert()) as JSON. Every socket has a timeout and every wait a deadline."""
+import argparse
+import datetime
+import json
+import logging
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from test_api_helpers import REPO, venv_env
+
+from straggler import pki
+from straggler.tls import (DEFAULT_CRL, ROLE_OU_PREFIX, ROLE_QUERY, ROLE_SNAPSHOT, ROLES, ServerContextCache,
+                           TLSError, TLSOptions, add_tls_arguments, client_context, peer_roles)
+
+ADDRESS = "127.0.0.1"
+IO_TIMEOUT_S = 5.0
+
+
+# ---------------------------------------------------------------- a CA, a host, some clients
+
+def _legacy_client_cert(directory: Path, name: str):
+    """A client certificate as `straggler pki` issued them before roles existed: no OU at all."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    ca_cert = x509.load_pem_x509_certificate((directory / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), password=None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(ca_cert.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=30))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    (directory / f"{name}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (directory / f"{name}.key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                              serialization.PrivateFormat.PKCS8,
+                                                              serialization.NoEncryption()))
+
+
+class Fleet:
+    """DIR: the controller's pki directory. host/: the agent's TLS directory as the pki role fills it
+    (ca.crt, crl.pem, node.crt, node.key). clients/: copies of the client certificates as their
+    holders keep them (a revoked certificate is moved aside in DIR, the leaked copy stays)."""
+
+    def __init__(self, root: Path):
+        self.dir = root / "pki"
+        self.host = root / "host"
+        self.clients = root / "clients"
+        self.host.mkdir()
+        self.clients.mkdir()
+        assert pki.init_ca(str(self.dir))["changed"]
+        pki.issue(str(self.dir), "agent", [ADDRESS], kind="server")
+        pki.issue(str(self.dir), "controller", [], kind="client")                     # default: every role
+        pki.issue(str(self.dir), "reader", [], kind="client", roles=[ROLE_QUERY])
+        pki.issue(str(self.dir), "laptop", [], kind="client", roles=[ROLE_QUERY, ROLE_SNAPSHOT])
+        _legacy_client_cert(self.dir, "legacy")
+        for name in ("controller", "reader", "laptop", "legacy"):
+            for ext in ("crt", "key"):
+                shutil.copy(self.dir / f"{name}.{ext}", self.clients / f"{name}.{ext}")
+        shutil.copy(self.dir / "agent.crt", self.host / "node.crt")
+        shutil.copy(self.dir / "agent.key", self.host / "node.key")
+        self.distribute()
+
+    def distribute(self):
+        """What the pki role does on the host: ca.crt and crl.pem, each replaced atomically."""
+        for name in ("ca.crt", "crl.pem"):
+            tmp = self.host / f".{name}.tmp"
+            shutil.copy(self.dir / name, tmp)
+            os.replace(tmp, self.host / name)
+
+    def server_options(self, *extra) -> TLSOptions:
+        """The agent's options from its command line, as the agent role writes it (no --crl: crl.pem
+        beside --ca)."""
+        parser = argparse.ArgumentParser()
+        add_tls_arguments(parser)
+        args = parser.parse_args(["--ca", str(self.host / "ca.crt"), "--cert", str(self.host / "node.crt"),
+                                  "--key", str(self.host / "node.key"), *extra])
+        return TLSOptions.from_args(args)
+
+    def client(self, name) -> TLSOptions:
+        return TLSOptions(ca=str(self.dir / "ca.crt"), cert=str(self.clients / f"{name}.crt"),
+                          key=str(self.clients / f"{name}.key"))
+
+
+@pytest.fixture()
+def fleet(tmp_path):
+    return Fleet(tmp_path)
+
+
+class RoleServer:
+    """Accepts one connection at a time; each handshake uses cache.current(); answers
+    {"roles": [...]} and closes. Handshake errors are kept in .errors."""
+
+    def __init__(self, cache: ServerContextCache):
+        self.cache = cache
+        self.errors = []
+        self.handshakes = 0
+        self._stop = threading.Event()
+        self._sock = socket.create_server((ADDRESS, 0))
+        self._sock.settimeout(0.1)
+        self.port = self._sock.getsockname()[1]
+        self._thread = threading.Thread(target=self._serve, name="role-server", daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=IO_TIMEOUT_S + 2)
+        self._sock.close()
+        assert not self._thread.is_alive(), "the test server thread did not end"
+
+    def _serve(self):
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            conn.settimeout(IO_TIMEOUT_S)
+            try:
+                with self.cache.current().wrap_socket(conn, server_side=True) as tls:
+                    self.handshakes += 1
+                    tls.sendall(json.dumps({"roles": sorted(peer_roles(tls.getpeercert()))}).encode() + b"\n")
+            except (ssl.SSLError, OSError) as exc:
+                self.errors.append(str(exc))
+            finally:
+                conn.close()
+
+
+def ask_roles(port, options: TLSOptions):
+    """Handshake as `options`' certificate and read the server's answer: the set of roles it saw.
+    A certificate the server refuses raises ssl.SSLError (in TLS 1.3 the client learns it from the
+    server's alert, on its first read)."""
+    context = client_context(options)
+    with socket.create_connection((ADDRESS, port), timeout=IO_TIMEOUT_S) as sock:
+        with context.wrap_socket(sock, server_hostname=ADDRESS) as tls:
+            data = b""
+            deadline = time.monotonic() + IO_TIMEOUT_S
+            while not data.endswith(b"\n") and time.monotonic() < deadline:
+                chunk = tls.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+    return set(json.loads(data)["roles"])
+
+
+def _refused(port, options):
+    try:
+        ask_roles(port, options)
+    except ssl.SSLError as exc:
+        return str(exc)
+    return None
+
+
+def _cli(*argv):
+    out = subprocess.run([sys.executable, "-m", "straggler.cli", "pki", *argv], capture_output=True, text=True,
+                         timeout=60, env=venv_env(), cwd=REPO)
+    return out
+
+
+# ---------------------------------------------------------------- tests
+
+def test_peer_roles_reads_the_role_ous_of_a_getpeercert_dict():
+    def cert(*ous):
+        # getpeercert()'s subject: a tuple of RDNs, each a tuple of (name, value) pairs
+        return {"subject": ((("commonName", "x"),),) + tuple((("organizationalUnitName", ou),) for ou in ous)}
+    assert ROLES == ("query", "snapshot") and ROLE_OU_PREFIX == "straggler:"
+    assert peer_roles(cert("straggler:query", "straggler:snapshot")) == {ROLE_QUERY, ROLE_SNAPSHOT}
+    assert peer_roles(cert("straggler:snapshot")) == {ROLE_SNAPSHOT}
+    assert peer_roles(cert("straggler:query", "straggler:admin")) == {ROLE_QUERY}      # unknown: ignored
+    assert peer_roles(cert("straggler:admin")) == frozenset()                          # roles named, none known
+    assert peer_roles(cert()) == {ROLE_QUERY}                                          # before roles: read-only
+    assert peer_roles(cert("Engineering")) == {ROLE_QUERY}                             # not a role OU
+    assert peer_roles({}) == frozenset() and peer_roles(None) == frozenset()           # no certificate
+
+
+def test_roles_are_read_from_each_certificate_at_the_handshake(fleet):
+    opts = fleet.server_options()
+    assert opts.crl is None and opts.crl_path == str(fleet.host / "crl.pem")
+    with RoleServer(ServerContextCache(opts)) as server:
+        assert ask_roles(server.port, fleet.client("controller")) == {"query", "snapshot"}
+        assert ask_roles(server.port, fleet.client("reader")) == {"query"}
+        assert ask_roles(server.port, fleet.client("laptop")) == {"query", "snapshot"}
+        assert ask_roles(server.port, fleet.client("legacy")) == {"query"}
+    assert server.errors == [] and server.handshakes == 4
+
+
+def test_a_revoked_certificate_fails_at_the_handshake_and_the_others_still_work(fleet):
+    summary = pki.revoke(str(fleet.dir), names=["laptop"])
+    assert summary["changed"] and summary["revoked"][0]["name"] == "laptop"
+    fleet.distribute()
+    with RoleServer(ServerContextCache(fleet.server_options())) as server:
+        error = _refused(server.port, fleet.client("laptop"))
+        assert error is not None and "revoked" in error, error
+        assert ask_roles(server.port, fleet.client("controller")) == {"query", "snapshot"}
+        assert ask_roles(server.port, fleet.client("reader")) == {"query"}
+    assert any("revoked" in e for e in server.errors), server.errors
+
+
+def test_revoking_after_the_server_started_takes_effect_without_a_restart(fleet):
+    with RoleServer(ServerContextCache(fleet.server_options())) as server:
+        assert ask_roles(server.port, fleet.client("laptop")) == {"query", "snapshot"}
+        pki.revoke(str(fleet.dir), names=["laptop"])
+        fleet.distribute()
+        started = time.monotonic()
+        error = None
+        while error is None and time.monotonic() - started < 4.0:
+            error = _refused(server.port, fleet.client("laptop"))
+            if error is None:
+                time.sleep(0.1)
+        took = time.monotonic() - started
+        assert error is not None and "revoked" in error, "the new CRL was not picked up within 4 s"
+        assert took < 2.5, f"the new CRL took {took:.1f} s"
+        assert ask_roles(server.port, fleet.client("controller")) == {"query", "snapshot"}
+
+
+def test_a_crl_that_cannot_be_loaded_keeps_the_previous_context_with_one_warning(fleet, caplog):
+    cache = ServerContextCache(fleet.server_options(), check_interval_s=0.0)
+    before = cache.current()
+    (fleet.host / ".crl.tmp").write_text("not a CRL\n")
+    os.replace(fleet.host / ".crl.tmp", fleet.host / "crl.pem")
+    with caplog.at_level(logging.WARNING, logger="straggler.tls"):
+        for _ in range(5):
+            assert cache.current() is before
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "crl.pem" in warnings[0].getMessage(), warnings
+    fleet.distribute()                                 # a good CRL again: a new context
+    assert cache.current() is not before
+
+
+def test_reissuing_with_other_roles_changes_the_certificate_and_the_cli_says_so(tmp_path):
+    directory = str(tmp_path / "p")
+    assert _cli("init", "--dir", directory, "--json").returncode == 0
+    assert os.path.exists(os.path.join(directory, "crl.pem"))            # one exists after init
+    issue = ["issue", "--dir", directory, "--name", "alice", "--client", "--json"]
+    runs = []
+    for roles in (["--role", "query"], ["--role", "query"], ["--role", "query", "--role", "snapshot"],
+                  ["--role", "snapshot", "--role", "query"], []):
+        out = _cli(*issue, *roles)
+        assert out.returncode == 0, out.stderr
+        summary = json.loads(out.stdout)
+        runs.append((summary["changed"], tuple(summary["roles"]), summary["serial"]))
+    assert [r[:2] for r in runs] == [(True, ("query",)), (False, ("query",)), (True, ("query", "snapshot")),
+                                     (False, ("query", "snapshot")), (False, ("query", "snapshot"))]
+    assert runs[0][2] == runs[1][2] != runs[2][2] == runs[3][2]
+    text = _cli("issue", "--dir", directory, "--client", "alice", "--role", "query")     # --client NAME: the same
+    assert text.returncode == 0 and text.stdout.startswith("created: client certificate") and "roles query)" in text.stdout
+    server_role = _cli("issue", "--dir", directory, "--name", "n1", "--san", ADDRESS, "--role", "query")
+    assert server_role.returncode != 0 and len(server_role.stderr.strip().splitlines()) == 1
+
+
+def test_revoke_is_idempotent_and_a_new_issue_replaces_the_certificate(tmp_path):
+    directory = str(tmp_path / "p")
+    assert _cli("init", "--dir", directory).returncode == 0
+    first_cert = pki.issue(directory, "bob", [], kind="client", roles=[ROLE_QUERY])
+    runs = []
+    for _ in range(2):
+        out = _cli("revoke", "--dir", directory, "bob", "--json")
+        assert out.returncode == 0, out.stderr
+        runs.append(json.loads(out.stdout))
+    assert [r["changed"] for r in runs] == [True, False]
+    assert runs[1]["revoked_serials"] == [first_cert["serial"]]
+    again = _cli("revoke", "--dir", directory, "bob")
+    assert again.returncode == 0 and again.stdout.startswith("unchanged:"), again.stdout
+    assert not os.path.exists(os.path.join(directory, "bob.key"))
+    # the next issue makes a new certificate (the CLI's way to replace a leaked one)
+    second = pki.issue(directory, "bob", [], kind="client", roles=[ROLE_QUERY])
+    assert second["changed"] and second["serial"] != first_cert["serial"]
+    assert not pki.issue(directory, "bob", [], kind="client", roles=[ROLE_QUERY])["changed"]
+    # by serial: idempotent too; check mode writes nothing
+    crl_before = Path(directory, "crl.pem").read_bytes()
+    checked = pki.revoke(directory, serials=[second["serial"]], check=True)
+    assert checked["changed"] and Path(directory, "crl.pem").read_bytes() == crl_before
+    assert pki.revoke(directory, serials=[second["serial"]])["changed"]
+    assert not pki.revoke(directory, serials=[second["serial"]])["changed"]
+    crl = _cli("crl", "--dir", directory, "--json")
+    assert crl.returncode == 0 and json.loads(crl.stdout)["changed"] is False
+    assert len(json.loads(crl.stdout)["revoked_serials"]) == 2
+    unknown = _cli("revoke", "--dir", directory, "nobody")
+    assert unknown.returncode != 0 and len(unknown.stderr.strip().splitlines()) == 1
+
+
+def test_the_crl_is_renewed_before_next_update_and_rebuilt_when_lost(tmp_path, monkeypatch):
+    directory = str(tmp_path / "p")
+    monkeypatch.setattr(pki, "CRL_DAYS", 100)                # a CRL signed long ago: 100 days left
+    pki.init_ca(directory)
+    gone = pki.issue(directory, "gone", [], kind="client")
+    short = pki.revoke(directory, names=["gone"])
+    monkeypatch.setattr(pki, "CRL_DAYS", 365)
+    renewed = pki.write_crl(directory)
+    assert renewed["changed"] and renewed["next_update"] > short["next_update"]
+    assert renewed["revoked_serials"] == [gone["serial"]]
+    assert not pki.write_crl(directory)["changed"] and not pki.init_ca(directory)["changed"]
+    # crl.pem lost: init writes a new one, with the certificates revoked before (from revoked/)
+    os.unlink(os.path.join(directory, "crl.pem"))
+    again = pki.init_ca(directory)
+    assert again["changed"] and pki.write_crl(directory)["revoked_serials"] == [gone["serial"]]
+
+
+def test_a_missing_crl_given_with_dash_dash_crl_is_one_line(fleet, tmp_path):
+    missing = str(tmp_path / "missing" / "crl.pem")
+    opts = fleet.server_options("--crl", missing)
+    with pytest.raises(TLSError) as caught:
+        ServerContextCache(opts)
+    message = str(caught.value)
+    assert "\n" not in message and missing in message and "--crl" in message
+    # without --crl a missing crl.pem beside the CA is fine (no CRL), and a present one is loaded
+    os.unlink(fleet.host / "crl.pem")
+    plain = ServerContextCache(fleet.server_options()).current()
+    assert not plain.verify_flags & ssl.VERIFY_CRL_CHECK_LEAF
+    explicit = ServerContextCache(fleet.server_options("--crl", str(fleet.dir / "crl.pem"))).current()
+    assert explicit.verify_flags & ssl.VERIFY_CRL_CHECK_LEAF
+    assert TLSOptions().crl_path == DEFAULT_CRL
