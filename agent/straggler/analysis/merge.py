@@ -14,17 +14,33 @@ Inputs are opened read-only (`file:…?mode=ro`) and each is copied inside one r
 (a consistent snapshot, WAL included). The copy is INSERT … SELECT through ATTACH (no Python row
 loop). Refused with one line and no output left behind: a missing, non-SQLite or corrupt input,
 a newer schema, two inputs holding the same node (unless renamed), an output that is an input.
-The output is written to a temporary file beside it and renamed into place when complete.
+The output is written to a temporary file beside it (mode 0600: processes.cmdline may hold
+secrets) and renamed into place when complete.
+
+Inputs are untrusted (they come from the nodes). Before any statement reads `meta` or a node
+table, the input's sqlite_master (plain data) is checked: each object merge reads must be a plain
+table (not a view, a virtual table, or a table with virtual generated columns), and the input must
+hold no trigger; so an input cannot make merge run SQL of its own. Input connections run with
+`trusted_schema=OFF`, `query_only`, `cell_size_check` and, where Python offers it (3.12+),
+SQLite's defensive mode. Every meta value merge uses is type-checked (schema_version an integer,
+node a node name, nodes a JSON list of node names; node names non-empty text without control
+characters), and so are the clock values it computes with; `expected_nodes` ({path: node}, CLI
+`--expect PATH=NODE`) refuses an input that holds another node than the host it came from. A
+deadline (`deadline_s`, CLI `--deadline`, enforced by a progress handler) stops a merge that
+runs too long. Every refusal is one line naming the file, with no output left behind.
 
 This module must not modify its inputs and must not talk to the network.
 """
 import argparse
 import bisect
 import json
+import math
 import os
+import re
 import sqlite3
 import tempfile
 import time
+import unicodedata
 import urllib.parse
 
 from .. import clock
@@ -38,6 +54,18 @@ EVENT_INDEXES = ("events_source_op_ts", "events_pid_ts", "events_ts")
 UNIQUE_EVENT_INDEX = "CREATE UNIQUE INDEX IF NOT EXISTS events_node_seq ON events(node, seq)"
 SQLITE_HEADER = b"SQLite format 3\x00"
 NODE_META_PREFIX = "node."
+# Everything merge reads from an input: each must be a plain table (or absent, for NODE_TABLES).
+READ_OBJECTS = ("meta",) + NODE_TABLES
+DEFAULT_DEADLINE_S = 1800.0
+PROGRESS_OPS = 10_000               # SQLite VM steps between two deadline checks
+MAX_NODE_NAME = 255
+MAX_NODES_PER_INPUT = 100_000
+MAX_NODES_JSON = 1 << 20            # bytes of meta `nodes` parsed at most
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+_PLAIN_TABLE_SQL = re.compile(r"\s*CREATE\s+TABLE\b", re.IGNORECASE)
+_VERSION_TEXT = re.compile(r"[0-9]{1,9}")
+_BAD_CATEGORIES = ("Cc", "Cf", "Cs", "Zl", "Zp")   # control, format (bidi), surrogates, line breaks
+_NODE_NAME_FORBIDDEN = frozenset(':"\'`\\[]{}')
 
 
 class MergeError(StragglerError):
@@ -62,8 +90,154 @@ def _same_file(a, b):
         return False
 
 
-def inspect_input(path):
-    """Check one input (exists, SQLite, readable schema) and list the nodes it holds."""
+class Deadline:
+    """The merge's time limit: a progress handler (SQLite calls it every PROGRESS_OPS VM steps;
+    a true answer aborts the statement) and a check between steps. `where` names what is being
+    done, for the one-line error."""
+
+    def __init__(self, seconds):
+        if seconds is None:
+            seconds = DEFAULT_DEADLINE_S
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0 \
+                or not math.isfinite(seconds):
+            raise MergeError(f"--deadline {seconds!r}: expected a positive number of seconds")
+        self.seconds = seconds
+        self.end = time.monotonic() + seconds
+        self.hit = False
+        self.where = "starting"
+
+    def __call__(self):
+        if time.monotonic() > self.end:
+            self.hit = True
+        return self.hit
+
+    def watch(self, conn):
+        conn.set_progress_handler(self, PROGRESS_OPS)
+
+    def check(self):
+        if self():
+            raise self.error()
+
+    def error(self):
+        return MergeError(f"merge stopped after {self.seconds:g} s (--deadline): still {self.where}; nothing was "
+                          f"written (raise --deadline for inputs this large)")
+
+
+def _harden(conn, read_only):
+    """Settings for a connection that reads untrusted databases: the schema may not call functions
+    or virtual tables that are not innocuous, corrupt pages are caught early, and (Python 3.12+)
+    SQLite's defensive mode. The read-only input connection also refuses any write."""
+    conn.execute("PRAGMA trusted_schema=OFF")
+    conn.execute("PRAGMA cell_size_check=ON")
+    if read_only:
+        conn.execute("PRAGMA query_only=ON")
+    defensive = getattr(sqlite3, "SQLITE_DBCONFIG_DEFENSIVE", None)
+    if defensive is not None and hasattr(conn, "setconfig"):
+        conn.setconfig(defensive, True)
+
+
+def _show(value, limit=60):
+    """A value for a one-line message: repr (escapes newlines and control characters), shortened."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def node_name_problem(name):
+    """Why `name` cannot be a node name (None when it can): non-empty text of at most MAX_NODE_NAME
+    characters, without whitespace or ':' (event ids are NODE:SEQ, as the agent's --node demands),
+    without quotes, brackets or braces (no JSON or SQL in disguise), and without control, format or
+    line-break characters."""
+    if not isinstance(name, str):
+        return "a node name (text)"
+    if not name:
+        return "a non-empty node name"
+    if len(name) > MAX_NODE_NAME:
+        return f"a node name of at most {MAX_NODE_NAME} characters"
+    if any(unicodedata.category(ch) in _BAD_CATEGORIES for ch in name):
+        return "a node name without control characters"
+    if any(ch.isspace() or ch in _NODE_NAME_FORBIDDEN for ch in name):
+        return "a node name without spaces, ':', quotes, brackets or braces"
+    return None
+
+
+def _check_node_name(name, path, where):
+    problem = node_name_problem(name)
+    if problem:
+        raise MergeError(f"{path}: {where} is {_show(name)}; expected {problem}")
+    return name
+
+
+def _vet_schema(conn, path, schema_name="main"):
+    """Refuse an input that could run SQL of its own when merge reads it; return the tables of
+    READ_OBJECTS it has. Reads only sqlite_master (plain data) and table_xinfo (the parsed schema)."""
+    present = set()
+    for kind, name, sql in conn.execute(f"SELECT type, name, sql FROM {schema_name}.sqlite_master"):
+        if kind == "trigger":
+            raise MergeError(f"{path}: holds trigger {_show(name)}; refusing an input that would run its own SQL")
+        lowered = name.translate(_ASCII_LOWER) if isinstance(name, str) else None
+        if lowered not in READ_OBJECTS:
+            continue
+        if kind == "table" and not (isinstance(sql, str) and _PLAIN_TABLE_SQL.match(sql)):
+            kind = "virtual table"
+        if kind != "table":
+            what = {"view": "a view", "index": "an index", "virtual table": "a virtual table"}.get(kind, _show(kind, 20))
+            raise MergeError(f"{path}: `{lowered}` is {what}, not a table; refusing an input that would run its own SQL")
+        present.add(lowered)
+    for table in sorted(present):
+        for row in conn.execute(f"PRAGMA {schema_name}.table_xinfo({table})"):
+            # hidden 2: a VIRTUAL generated column, computed by its own SQL when read (events.id is
+            # one in every store, and merge never reads it)
+            if len(row) > 6 and row[6] == 2 and not (table == "events" and row[1] == "id"):
+                raise MergeError(f"{path}: column {_show(row[1])} of `{table}` is computed by its own SQL "
+                                 f"(a generated column); refusing an input that would run its own SQL")
+    if "meta" not in present:
+        raise MergeError(f"{path}: not a straggler database (no table meta)")
+    return present
+
+
+def _read_meta(conn, path, schema_name="main"):
+    """The input's meta as {key: value}, every key checked; the values merge uses are checked too."""
+    meta = {}
+    for key, value in conn.execute(f"SELECT key, value FROM {schema_name}.meta"):
+        if not isinstance(key, str) or not key or any(unicodedata.category(ch) in _BAD_CATEGORIES for ch in key):
+            raise MergeError(f"{path}: meta has a key {_show(key)}; expected non-empty text without control characters")
+        if key in meta:
+            raise MergeError(f"{path}: meta key {key!r} appears twice; expected one row per key")
+        meta[key] = value
+    version = meta.get("schema_version")
+    if version is None:
+        raise MergeError(f"{path}: not a straggler database (no schema_version in table meta)")
+    if not ((type(version) is int and version >= 0)
+            or (isinstance(version, str) and _VERSION_TEXT.fullmatch(version))):
+        raise MergeError(f"{path}: meta key schema_version is {_show(version)}; expected an integer (a schema version)")
+    if int(version) > schema.SCHEMA_VERSION:
+        raise MergeError(f"{path}: schema version {int(version)} is newer than this straggler understands "
+                         f"({schema.SCHEMA_VERSION}); upgrade straggler")
+    if "node" in meta:
+        _check_node_name(meta["node"], path, "meta key node")
+    if "nodes" in meta:
+        meta["nodes"] = _parse_nodes(meta["nodes"], path)
+    return meta
+
+
+def _parse_nodes(value, path):
+    expected = "expected a JSON list of node names"
+    if not isinstance(value, str) or len(value) > MAX_NODES_JSON:
+        raise MergeError(f"{path}: meta key nodes is {_show(value)}; {expected}")
+    try:
+        names = json.loads(value)
+    except (ValueError, RecursionError):
+        raise MergeError(f"{path}: meta key nodes is {_show(value)}, not JSON; {expected}") from None
+    if not isinstance(names, list):
+        raise MergeError(f"{path}: meta key nodes is {_show(value)}; {expected}")
+    for name in names:
+        _check_node_name(name, path, "a name in meta key nodes")
+    return names
+
+
+def inspect_input(path, deadline=None):
+    """Check one input (exists, SQLite, only plain tables where merge reads, sound meta) and list the
+    nodes it holds."""
     if not os.path.isfile(path):
         raise MergeError(f"{path}: no such file; pass node databases written by `straggler trace` or `straggler snapshot`")
     with open(path, "rb") as fh:
@@ -76,49 +250,78 @@ def inspect_input(path):
         raise MergeError(f"{path}: cannot open read-only ({exc}); copy it with `straggler snapshot` first")
     try:
         try:
-            conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
-            schema.check_version(conn, path)
-        except schema.SchemaError as exc:
-            raise MergeError(str(exc))
+            if deadline is not None:
+                deadline.where = f"checking {path}"
+                deadline.watch(conn)
+            _harden(conn, read_only=True)
+            conn.execute("BEGIN")                  # one snapshot for the checks and the reads
+            tables = _vet_schema(conn, path)
+            meta = _read_meta(conn, path)
+            return _nodes_of(conn, path, tables, meta)
         except sqlite3.DatabaseError as exc:
-            raise MergeError(f"{path}: unreadable or corrupt database ({exc}); take a fresh copy with `straggler snapshot`")
-        return _nodes_of(conn, path)
+            if deadline is not None and deadline.hit:
+                raise deadline.error() from None
+            raise MergeError(f"{path}: unreadable or corrupt database ({_one_line(exc)}); take a fresh copy with "
+                             f"`straggler snapshot`") from None
     finally:
         conn.close()
 
 
-def _tables_of(conn, schema_name="main"):
-    return {r[0] for r in conn.execute(f"SELECT name FROM {schema_name}.sqlite_master WHERE type = 'table'")}
+def _one_line(exc):
+    return " ".join(str(exc).split())
 
 
-def _nodes_of(conn, path):
+def _nodes_of(conn, path, tables, meta):
     """Node names an input holds: meta, the small tables, and the first and last event."""
-    tables = _tables_of(conn)
-    nodes = []
+    nodes = {}                                 # an ordered set
 
-    def add(name):
+    def add(name, where):
         if name is not None and name not in nodes:
-            nodes.append(name)
+            _check_node_name(name, path, where)
+            if len(nodes) >= MAX_NODES_PER_INPUT:
+                raise MergeError(f"{path}: holds more than {MAX_NODES_PER_INPUT} node names; is it a straggler database?")
+            nodes[name] = True
 
-    try:
-        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-        if meta.get("nodes"):
-            for name in json.loads(meta["nodes"]):
-                add(name)
-        add(meta.get("node"))
-        for table in ("clock_pairs", "processes", "probes", "agent_cost", "lost_events"):
-            if table in tables:
-                for (name,) in conn.execute(f"SELECT DISTINCT node FROM {table}"):
-                    add(name)
-        if "events" in tables:
-            for order in ("ASC", "DESC"):
-                row = conn.execute(f"SELECT node FROM events ORDER BY rowid {order} LIMIT 1").fetchone()
-                add(row[0] if row else None)
-    except (sqlite3.DatabaseError, ValueError) as exc:
-        raise MergeError(f"{path}: unreadable or corrupt database ({exc}); take a fresh copy with `straggler snapshot`")
+    for name in meta.get("nodes") or ():
+        add(name, "a name in meta key nodes")
+    add(meta.get("node"), "meta key node")
+    for table in ("clock_pairs", "processes", "probes", "agent_cost", "lost_events"):
+        if table in tables:
+            for (name,) in conn.execute(f"SELECT DISTINCT node FROM {table}"):
+                add(name, f"a node in {table}")
+    if "events" in tables:
+        for order in ("ASC", "DESC"):
+            row = conn.execute(f"SELECT node FROM events ORDER BY rowid {order} LIMIT 1").fetchone()
+            add(row[0] if row else None, "a node in events")
     if not nodes:
         raise MergeError(f"{path}: holds no node (empty meta and tables); is it a straggler database?")
-    return nodes
+    return list(nodes)
+
+
+def parse_expected(items):
+    """['PATH=NODE', …] -> {path: node} (the host each input was collected from)."""
+    out = {}
+    for item in items or ():
+        path, sep, node = item.rpartition("=")
+        if not sep or not path or not node:
+            raise MergeError(f"--expect {item!r}: expected PATH=NODE (an input and the node it must hold)")
+        out[path] = node
+    return out
+
+
+def _expected_per_input(inputs, expected_nodes):
+    """{input path: expected node} from {path: node}, matched by file; a path that is no input is refused."""
+    found = {}
+    for path, node in (expected_nodes or {}).items():
+        path = os.fspath(path)
+        match = next((p for p in inputs if _same_file(p, path)), None)
+        if match is None:
+            raise MergeError(f"{path}: a node is expected of it (--expect) but it is not one of the inputs")
+        problem = node_name_problem(node)
+        if problem:
+            raise MergeError(f"--expect {path}={_show(node)}: expected {problem}")
+        found[match] = node
+    return found
 
 
 def parse_renames(items):
@@ -139,6 +342,9 @@ def _plan_names(inputs, nodes_per_input, rename):
     if isinstance(rename, dict):
         rename = list(rename.items())
     for old, new in (rename if isinstance(rename, (list, tuple)) else ()):
+        problem = node_name_problem(new)
+        if problem:
+            raise MergeError(f"--rename {_show(old)}={_show(new)}: expected {problem}")
         queue.setdefault(old, []).append(new)
     holders = {}
     for nodes in nodes_per_input:
@@ -239,13 +445,41 @@ def _q(text):
     return "'" + str(text).replace("'", "''") + "'"
 
 
-def _latest_input_offsets(conn):
+def _as_int(value):
+    """An integer column value as int (an integral-valued or finite REAL is truncated); None for
+    anything else (text, blob, NULL, inf)."""
+    if type(value) is int:
+        return value
+    if type(value) is float and math.isfinite(value):
+        return int(value)
+    return None
+
+
+def _latest_input_offsets(conn, path, nodes):
+    """{node: (offset_ns, uncertainty_ns, measured_at)}: the input's latest clock_offsets row per node of `nodes`."""
     rows = conn.execute("SELECT node, offset_ns, uncertainty_ns, measured_at FROM src.clock_offsets "
                         "ORDER BY measured_at").fetchall()
     latest = {}
     for node, off, unc, at in rows:
-        latest[node] = (int(off), int(unc), at)
+        if node not in nodes:
+            continue
+        values = [_as_int(v) for v in (off, unc, at)]
+        if None in values:
+            raise MergeError(f"{path}: clock_offsets of node {node} holds {_show((off, unc, at))}; expected integer "
+                             f"(offset_ns, uncertainty_ns, measured_at)")
+        latest[node] = tuple(values)
     return latest
+
+
+def _clock_pairs(conn, path, node):
+    pairs = []
+    for mono, real in conn.execute("SELECT mono_ns, real_ns FROM src.clock_pairs WHERE node = ?", (node,)):
+        m, r = _as_int(mono), _as_int(real)
+        if m is None or r is None:
+            raise MergeError(f"{path}: clock_pairs of node {node} holds {_show((mono, real))}; expected integer "
+                             f"(mono_ns, real_ns)")
+        pairs.append((m, r))
+    return pairs
 
 
 class Aligner:
@@ -265,26 +499,30 @@ class Aligner:
 
     def __call__(self, node, ts):
         entry = self.nodes.get(node)
+        if type(ts) is not int:
+            ts = _as_int(ts)                   # text or a blob in a crafted input: no aligned time
         if entry is None or ts is None:
             return None
         los, segs = entry
         knot, base, slope = segs[bisect.bisect_right(los, ts) - 1]
-        return ts + base + int((ts - knot) * slope)
+        aligned = ts + base + int((ts - knot) * slope)
+        return aligned if -(1 << 63) <= aligned < (1 << 63) else None
 
 
 def _copy_input(conn, path, plan, offsets, summary, aligner):
-    """Copy one attached input (schema `src`) into main, inside one read transaction."""
+    """Copy one attached input (schema `src`) into main, inside one read transaction. The input is
+    checked again (_vet_schema, _read_meta) inside that transaction, before anything else reads it."""
     conn.execute("ATTACH DATABASE ? AS src", (_ro_uri(path),))
     try:
         conn.execute("BEGIN")
-        src_tables = _tables_of(conn, "src")
-        input_offsets = _latest_input_offsets(conn) if "clock_offsets" in src_tables else {}
+        src_tables = _vet_schema(conn, path, "src")
+        src_meta = _read_meta(conn, path, "src")
+        input_offsets = _latest_input_offsets(conn, path, plan) if "clock_offsets" in src_tables else {}
         # clock segments per source node, with the offset to subtract folded into base
         aligner.clear()
         alignment = {}
         for old, new in plan.items():
-            pairs = conn.execute("SELECT mono_ns, real_ns FROM src.clock_pairs WHERE node = ?", (old,)).fetchall() \
-                if "clock_pairs" in src_tables else []
+            pairs = _clock_pairs(conn, path, old) if "clock_pairs" in src_tables else []
             if new in offsets or old in offsets:
                 off, unc = offsets.get(new, offsets.get(old))
                 source, measured_at = "given", None
@@ -315,9 +553,8 @@ def _copy_input(conn, path, plan, offsets, summary, aligner):
                          f"SELECT {', '.join(exprs)} "
                          f"FROM src.{table} AS e")
         # meta: each node's keys under node.<NODE>.<key>; keys of an already merged input are renamed
-        meta = conn.execute("SELECT key, value FROM src.meta").fetchall()
         single = len(plan) == 1
-        for key, value in meta:
+        for key, value in src_meta.items():
             if key in ("schema_version", "nodes", "merged_from", "merged_at", "clock_alignment"):
                 continue
             if key.startswith(NODE_META_PREFIX):
@@ -339,14 +576,18 @@ def _copy_input(conn, path, plan, offsets, summary, aligner):
         conn.execute("COMMIT")
         summary["clock_alignment"].update(alignment)
     except BaseException:
+        conn.set_progress_handler(None, 0)     # a stopped deadline must not stop the clean-up
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
     finally:
-        conn.execute("DETACH DATABASE src")
+        try:
+            conn.execute("DETACH DATABASE src")
+        except sqlite3.Error:
+            pass                               # the output is discarded anyway after an error
 
 
-def merge(inputs, output, offsets=None, rename=False):
+def merge(inputs, output, offsets=None, rename=False, deadline_s=DEFAULT_DEADLINE_S, expected_nodes=None):
     """Merge node databases `inputs` into `output` (atomically). Returns a summary dict.
 
     offsets: {node: (offset_ns, uncertainty_ns)} measured realtime offsets (node minus
@@ -354,8 +595,13 @@ def merge(inputs, output, offsets=None, rename=False):
     rename: False (refuse duplicate nodes), True (rename later duplicates NODE-2, NODE-3, …),
     or [(old, new), …] / {old: new}: rename node `old` in the later input that repeats it
     (or in the only input that holds it).
+    deadline_s: seconds the whole merge may take (None: DEFAULT_DEADLINE_S); past it the merge
+    stops with MergeError and writes nothing.
+    expected_nodes: {input path: node name}: such an input must hold exactly that node (the
+    host it was collected from), else it is refused.
     """
     started = time.monotonic()
+    deadline = Deadline(deadline_s)
     inputs = [os.fspath(p) for p in inputs]
     output = os.fspath(output)
     if not inputs:
@@ -369,10 +615,19 @@ def merge(inputs, output, offsets=None, rename=False):
             if _same_file(path, other):
                 raise MergeError(f"{path} is given twice; pass each database once")
         seen.append(path)
+    expected = _expected_per_input(inputs, expected_nodes)
     out_dir = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(out_dir):
         raise MergeError(f"output directory {out_dir} does not exist; create it or choose another -o path")
-    nodes_per_input = [inspect_input(p) for p in inputs]
+    nodes_per_input = []
+    for path in inputs:
+        deadline.check()
+        nodes = inspect_input(path, deadline)
+        if path in expected and nodes != [expected[path]]:
+            held = ", ".join(nodes)
+            raise MergeError(f"{path}: holds node{'s' if len(nodes) > 1 else ''} {held}, expected {expected[path]} "
+                             f"(the host it was collected from); refusing it")
+        nodes_per_input.append(nodes)
     plans = _plan_names(inputs, nodes_per_input, rename)
     offsets = normalize_offsets(offsets or {}) if offsets else {}
 
@@ -381,26 +636,37 @@ def merge(inputs, output, offsets=None, rename=False):
     summary = dict(output=output, inputs=[], nodes=[], rows={}, clock_alignment={}, elapsed_s=None)
     conn = None
     try:
+        os.chmod(tmp, 0o600)                           # processes.cmdline may hold secrets
         conn = sqlite3.connect("file:" + urllib.parse.quote(tmp), uri=True, isolation_level=None)
         conn.execute("PRAGMA journal_mode=OFF")       # a temp file: all or nothing by the rename
         conn.execute("PRAGMA synchronous=OFF")
         conn.execute("PRAGMA temp_store=MEMORY")
+        _harden(conn, read_only=False)                 # after journal_mode=OFF, which defensive mode forbids
+        deadline.watch(conn)
         schema.create(conn)
         for name in EVENT_INDEXES:                     # load first, index after
             conn.execute(f"DROP INDEX IF EXISTS {name}")
         aligner = Aligner()
         conn.create_function("straggler_aligned_ts", 2, aligner, deterministic=True)
         for path, plan in zip(inputs, plans):
+            deadline.check()
+            deadline.where = f"copying {path}"
             try:
                 _copy_input(conn, path, plan, offsets, summary, aligner)
             except sqlite3.IntegrityError as exc:
-                raise MergeError(f"{path}: rows collide with another input ({exc}); two inputs hold the same "
-                                 f"node — rename one with --rename NODE=NEW")
+                if "UNIQUE" not in str(exc):
+                    raise MergeError(f"{path}: rows break the schema ({_one_line(exc)}); take a fresh copy with "
+                                     f"`straggler snapshot`") from None
+                raise MergeError(f"{path}: rows collide with another input ({_one_line(exc)}); two inputs hold the "
+                                 f"same node — rename one with --rename NODE=NEW") from None
             except sqlite3.DatabaseError as exc:
-                raise MergeError(f"{path}: unreadable or corrupt database ({exc}); take a fresh copy with "
-                                 f"`straggler snapshot`")
+                if deadline.hit:
+                    raise deadline.error() from None
+                raise MergeError(f"{path}: unreadable or corrupt database ({_one_line(exc)}); take a fresh copy with "
+                                 f"`straggler snapshot`") from None
             summary["inputs"].append(dict(path=path, nodes=list(plan.values()),
                                           renamed={o: n for o, n in plan.items() if o != n}))
+        deadline.where = f"indexing {output}"
         try:
             conn.execute(UNIQUE_EVENT_INDEX)
         except sqlite3.IntegrityError:
@@ -418,6 +684,8 @@ def merge(inputs, output, offsets=None, rename=False):
                      (json.dumps(summary["clock_alignment"]),))
         for table in NODE_TABLES:
             summary["rows"][table] = conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+        deadline.check()
+        conn.set_progress_handler(None, 0)
         conn.execute("PRAGMA journal_mode=DELETE")
         conn.close()
         conn = None
@@ -430,9 +698,11 @@ def merge(inputs, output, offsets=None, rename=False):
     except MergeError:
         raise
     except sqlite3.Error as exc:
-        raise MergeError(f"merge into {output} failed ({exc}); nothing was written")
+        if deadline.hit:
+            raise deadline.error() from None
+        raise MergeError(f"merge into {output} failed ({_one_line(exc)}); nothing was written") from None
     except OSError as exc:
-        raise MergeError(f"cannot write {output} ({exc}); nothing was written")
+        raise MergeError(f"cannot write {output} ({exc}); nothing was written") from None
     finally:
         if conn is not None:
             conn.close()
@@ -454,6 +724,11 @@ def add_arguments(parser):
     parser.add_argument("--rename", action="append", metavar="OLD=NEW", default=[],
                         help="rename node OLD to NEW in the later input that repeats it (repeatable)")
     parser.add_argument("--auto-rename", action="store_true", help="rename repeated nodes NODE-2, NODE-3, …")
+    parser.add_argument("--expect", action="append", metavar="PATH=NODE", default=[],
+                        help="input PATH must hold node NODE, the host it was collected from (repeatable)")
+    parser.add_argument("--deadline", type=float, metavar="S", default=DEFAULT_DEADLINE_S,
+                        help=f"stop (writing nothing) when the merge takes longer than S seconds "
+                             f"(default {DEFAULT_DEADLINE_S:g})")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -462,7 +737,8 @@ def run(args):
     rename = True if args.auto_rename else parse_renames(args.rename)
     if args.auto_rename and args.rename:
         raise MergeError("use either --rename OLD=NEW or --auto-rename, not both")
-    summary = merge(args.inputs, args.output, offsets=offsets, rename=rename)
+    summary = merge(args.inputs, args.output, offsets=offsets, rename=rename, deadline_s=args.deadline,
+                    expected_nodes=parse_expected(args.expect))
     from .. import render
     if args.json:
         print(render.to_json(summary), end="")

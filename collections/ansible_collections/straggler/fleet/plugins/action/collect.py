@@ -4,8 +4,9 @@
 """Action plugin straggler.fleet.collect: runs the collect module (a consistent snapshot of the
 host's database in a temporary directory), fetches the snapshot over the task's connection to
 `<dest>/<inventory_hostname>.db` on the controller, checks its SHA-256, and removes the temporary
-directory on the host. Modelled on ansible.builtin.fetch. It must not read or change the
-database's content: the snapshot is the agent's job, merging the core's."""
+directory on the host; the fetched copy is mode 0600 (it holds the host's command lines).
+Modelled on ansible.builtin.fetch. It must not read or change the database's content: the
+snapshot is the agent's job, merging (and distrusting what a host sent) the core's."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def install_fetched(fetched_path, final_path, expected_sha256):
     if sha256_of(final_path) == expected_sha256:
         os.unlink(fetched_path)
         return False
-    os.chmod(fetched_path, 0o644)
+    os.chmod(fetched_path, 0o600)    # the host's processes.cmdline: for the controller's user only
     os.replace(fetched_path, final_path)
     return True
 

@@ -3,8 +3,10 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Action plugin straggler.fleet.merge: the core's straggler.analysis.merge.merge on the
 controller, once per play. It expands `src` (files and directories) into the list of input
-databases and gathers offsets from clock_facts facts when asked; the merge itself (node
-renaming, clock alignment, atomic output) is the core's and must not be redone here."""
+databases, gathers offsets from clock_facts facts when asked, and tells the core which node each
+collected file must hold (a file `<inventory_hostname>.db` of `expect_nodes_from_hosts`: that
+host's straggler_agent_node, else its inventory hostname); the merge itself (node renaming, clock
+alignment, the checks of untrusted inputs, atomic output) is the core's and must not be redone here."""
 
 from __future__ import annotations
 
@@ -27,6 +29,9 @@ ARGUMENT_SPEC = dict(
     offsets=dict(type='dict'),
     offsets_from_hosts=dict(type='list', elements='str'),
     rename=dict(type='raw', default=False),
+    expect_nodes=dict(type='dict'),
+    expect_nodes_from_hosts=dict(type='list', elements='str'),
+    deadline=dict(type='float', default=1800.0),
 )
 
 
@@ -67,6 +72,21 @@ def offsets_from_clock_facts(task_vars, hosts):
         else:
             without.append(str(host))
     return offsets, without
+
+
+def expected_nodes_of(task_vars, inputs, hosts, given=None):
+    """{input path: node it must hold}: an input named `<host>.db` (what straggler.fleet.collect
+    writes) of one of `hosts` must hold that host's straggler_agent_node, else its inventory
+    hostname; `given` ({path: node}) is added on top."""
+    by_host = dict((str(host), str(hostvar(task_vars, host, 'straggler_agent_node') or host)) for host in hosts or ())
+    expected = {}
+    for path in inputs:
+        name = os.path.basename(path)
+        if name.endswith('.db') and name[:-3] in by_host:
+            expected[path] = by_host[name[:-3]]
+    for path, node in (given or {}).items():
+        expected[os.path.abspath(os.path.expanduser(str(path)))] = str(node)
+    return expected
 
 
 def rename_argument(value):
@@ -112,7 +132,9 @@ class ActionModule(ActionBase):
         merge = import_core('analysis.merge')
         try:
             os.makedirs(os.path.dirname(dest), exist_ok=True)
-            summary = merge.merge(inputs, dest, offsets=offsets or None, rename=rename)
+            summary = merge.merge(inputs, dest, offsets=offsets or None, rename=rename, deadline_s=args['deadline'],
+                                  expected_nodes=expected_nodes_of(task_vars, inputs, args['expect_nodes_from_hosts'],
+                                                                   plain(args['expect_nodes'] or {})))
         except core_error_types() as exc:
             raise AnsibleActionFail('merge failed: %s' % exc) from None
         summary = plain(summary)

@@ -23,6 +23,8 @@ description:
     the files into one cluster database.
   - The fetched file's SHA-256 is checked against the one computed on the host. An existing file on the
     controller with the same content is left alone, and the task then reports no change.
+  - The fetched file is mode 0600 (it holds the host's process command lines). Its content comes from the host
+    and is not trusted; M(straggler.fleet.merge) checks it (see its option C(expect_nodes_from_hosts)).
   - In check mode nothing is snapshotted or fetched; the task reports what it would fetch and where.
 author:
   - The straggler project (!UNKNOWN)

@@ -20,6 +20,12 @@ description:
     O(offsets_from_hosts) (see M(straggler.fleet.clock_facts)), else the input's own latest C(clock_offsets) row,
     else 0 (reported in RV(offset_unknown))."
   - The output is written to a temporary file and renamed into place; on failure nothing is left behind.
+    It is mode 0600 (the nodes' process command lines are in it).
+  - "The inputs are treated as untrusted (they come from the hosts): an input is refused, with a one-line message
+    naming it, when an object the merge reads (C(meta) or a node table) is a view, a virtual table or has a
+    generated column, when it holds a trigger, when a C(meta) value the merge uses has the wrong type (for
+    example a schema version that is not an integer or a node name with control characters), or when it holds
+    another node than the host it was collected from (O(expect_nodes_from_hosts), O(expect_nodes))."
   - Runs once per play on the controller (like C(run_once)), whatever the play's hosts, and contacts no host.
 author:
   - The straggler project (!UNKNOWN)
@@ -57,6 +63,23 @@ options:
         repeats it."
     type: raw
     default: false
+  expect_nodes_from_hosts:
+    description:
+      - Inventory hostnames whose collected file C(<inventory_hostname>.db) (as M(straggler.fleet.collect) names
+        it) must hold exactly the host's node, which is its C(straggler_agent_node) variable, else its inventory hostname.
+        An input holding another node is refused.
+      - Inputs whose file name is not one of these hosts are not checked.
+    type: list
+    elements: str
+  expect_nodes:
+    description:
+      - Input database path to the node name it must hold; added to those from O(expect_nodes_from_hosts).
+    type: dict
+  deadline:
+    description:
+      - Seconds the merge may take; past them it stops, writes nothing and fails.
+    type: float
+    default: 1800.0
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
@@ -100,6 +123,7 @@ EXAMPLES = r"""
         src: results/collected
         dest: results/cluster.db
         offsets_from_hosts: "{{ groups['gpu'] }}"
+        expect_nodes_from_hosts: "{{ groups['gpu'] }}"
 
     - name: With offsets given by hand
       straggler.fleet.merge:
