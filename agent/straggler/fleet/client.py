@@ -4,8 +4,12 @@ with the node's own name on every row, a status for every node, and each node's 
 - Concurrent and bounded: at most `concurrency` queries in flight, each node under `timeout_s`,
   the whole call under `deadline_s` (honoured even for a peer that accepts and never answers:
   the caller never waits on a stuck worker; workers are daemon threads with socket timeouts).
-- Statuses: ok | empty | sql-error | tls-error | refused | timeout | unreachable, each with a
-  one-line message and the latency. Nodes that did not answer stay in the result.
+- Statuses: ok | empty | sql-error | tls-error | forbidden | refused | timeout | truncated |
+  unreachable, each with a one-line message and the latency. Nodes that did not answer stay in the
+  result. `forbidden`: the certificate lacks the route's role (403). `truncated`: the answer ended
+  short of its Content-Length (the agent cut a reader that was too slow); `timeout`: no answer, or
+  an answer that stalled, within the time limit. An answer capped by the agent (rows or bytes) is
+  `ok` with truncated=True and says which cap.
 - Clock offsets, NTP-style (straggler.clock.estimate_offset): while the query runs, a separate
   connection per node exchanges `clock_samples` GET /api/v1/clock requests (more while the query
   is still running and no round trip was short); the sample with the smallest round trip gives
@@ -40,7 +44,7 @@ from ..errors import StragglerError
 from ..tls import TLSOptions, client_context
 
 DEFAULT_PORT = 7433
-STATUSES = ("ok", "empty", "sql-error", "tls-error", "refused", "timeout", "unreachable")
+STATUSES = ("ok", "empty", "sql-error", "tls-error", "forbidden", "refused", "timeout", "truncated", "unreachable")
 ANSWERED = ("ok", "empty")
 EXIT_ALL_ANSWERED = 0
 EXIT_PARTIAL = 3
@@ -374,7 +378,6 @@ def _request(conn, method, path, body=None, plain=False):
     try:
         conn.request(method, path, body=body, headers=headers)
         response = conn.getresponse()
-        data = response.read(_MAX_RESPONSE_BYTES + 1)
     except _NodeFailure:
         raise
     except (socket.timeout, TimeoutError):
@@ -398,10 +401,33 @@ def _request(conn, method, path, body=None, plain=False):
                                         f"({_one_line(exc)}): did it refuse this client's certificate?") from None
     except OSError as exc:
         raise _NodeFailure("unreachable", f"{conn.address}: {_one_line(exc)}") from None
+    data = _read_answer(conn, response)
     if len(data) > _MAX_RESPONSE_BYTES:
         raise _NodeFailure("sql-error", f"{conn.address} answered with more than {_MAX_RESPONSE_BYTES} bytes; "
                                         f"lower --limit")
     return response.status, data
+
+
+def _read_answer(conn, response):
+    """The answer's body, read whole: an answer cut short of its Content-Length is "truncated",
+    one that stalls is "timeout" (never a certificate problem: the request was already answered)."""
+    expected = (response.getheader("Content-Length") or "").strip()
+    try:
+        data = response.read(_MAX_RESPONSE_BYTES + 1)
+    except http.client.IncompleteRead as exc:
+        data = exc.partial
+    except (socket.timeout, TimeoutError):
+        raise _NodeFailure("timeout", f"{conn.address} started its answer ({expected or '?'} bytes) but did not "
+                                      f"finish it within {conn.timeout:g} s; raise --timeout or ask for less") from None
+    except (ssl.SSLError, ConnectionError, OSError) as exc:
+        raise _NodeFailure("truncated", f"{conn.address} ended the connection in the middle of its answer "
+                                        f"({_one_line(exc)}); retry") from None
+    # read(amt) returns what came before the connection ended, without a word: compare the length
+    if expected.isdigit() and len(data) < int(expected):
+        raise _NodeFailure("truncated", f"{conn.address} ended its answer after {len(data)} of {expected} bytes "
+                                        f"(an agent cuts an answer its reader does not take in time): retry, "
+                                        f"or ask for less (--limit, fewer columns)")
+    return data
 
 
 def _decode(conn, data):
@@ -430,12 +456,13 @@ def _query_node(address, sql, tls, context, limit, timeout_s):
             status.truncated = bool(answer.get("truncated"))
             status.status = "ok" if status.rows else "empty"
             status.message = (f"{status.row_count} row{'' if status.row_count == 1 else 's'}"
-                              + (" (truncated at the limit)" if status.truncated else "")
+                              + (_truncation_note(answer) if status.truncated else "")
                               if status.rows else "no rows")
         else:
             message = answer.get("error") if isinstance(answer, dict) else None
             kind = answer.get("kind") if isinstance(answer, dict) else None
-            status.status = "tls-error" if kind in ("tls-required", "plain-http") else "sql-error"
+            status.status = ("tls-error" if kind in ("tls-required", "plain-http")
+                             else "forbidden" if code == 403 else "sql-error")
             status.message = message or f"HTTP {code} from {address}"
     except _NodeFailure as failure:
         status.status, status.message = failure.status, failure.message
@@ -445,6 +472,12 @@ def _query_node(address, sql, tls, context, limit, timeout_s):
         conn.close()
     status.latency_ms = round((time.monotonic() - started) * 1000.0, 3)
     return status
+
+
+def _truncation_note(answer):
+    if answer.get("truncated_reason") == "bytes":
+        return " (truncated at the agent's answer size cap: ask for fewer rows or columns)"
+    return " (truncated at the limit)"
 
 
 CLOCK_GOOD_RTT_NS = 1_000_000      # keep sampling (up to 4x) while no round trip was this short

@@ -123,8 +123,8 @@ attributes:
   platform:
     platforms: posix
 notes:
-  - "Node statuses: C(ok), C(empty) (answered, no rows), C(sql-error), C(tls-error), C(refused), C(timeout),
-    C(unreachable)."
+  - "Node statuses: C(ok), C(empty) (answered, no rows), C(sql-error), C(tls-error), C(forbidden) (the client
+    certificate lacks the role), C(refused), C(timeout), C(truncated) (the answer ended short), C(unreachable)."
   - Offsets are node realtime minus controller realtime, in ns, with half the shortest round trip as uncertainty.
 seealso:
   - module: straggler.fleet.query
@@ -190,7 +190,8 @@ nodes:
       description: The node name the agent reported.
       type: str
     status:
-      description: One of C(ok), C(empty), C(sql-error), C(tls-error), C(refused), C(timeout), C(unreachable).
+      description: One of C(ok), C(empty), C(sql-error), C(tls-error), C(forbidden), C(refused), C(timeout), C(truncated),
+        C(unreachable).
       type: str
     message:
       description: One line saying what failed, empty when the node answered.
