@@ -26,8 +26,11 @@ def add_arguments(parser):
                        epilog=EPILOG)
     q.add_argument("sql", metavar="SQL", help="one read-only statement")
     q.add_argument("--nodes", required=True,
-                   help="host:port,… or a file: one host:port a line, or an Ansible inventory (INI/YAML)")
-    q.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port for nodes given without one (default {DEFAULT_PORT})")
+                   help="host:port,… or a file: one host:port a line, or an Ansible inventory (INI/YAML: ansible_host, "
+                        "port straggler_agent_port from host/group/all vars, else --port)")
+    q.add_argument("--port", type=int, default=DEFAULT_PORT,
+                   help=f"port for nodes given without one and inventory hosts without straggler_agent_port "
+                        f"(default {DEFAULT_PORT})")
     fmt = q.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print columns, rows, node statuses and offsets as JSON")
     fmt.add_argument("--csv", action="store_true", help="print the rows as CSV (node statuses go to stderr)")

@@ -21,17 +21,14 @@ with the node's own name on every row, a status for every node, and each node's 
   of a good clock is not flagged, a clock that is off is.
 - Exit codes: 0 every node answered (ok or empty), 3 some did not, 4 none did.
 
-This module talks to agents and combines answers; it must not judge SQL (the agents do, with
+This module talks to agents and combines their answers by the one rule in fleet/combine.py (the
+same as the collection's aggregate); it must not judge SQL (the agents do, with
 store/query.py) and must not render anything (fleet/cli.py does).
 """
 import errno
 import http.client
-import ipaddress
 import json
-import os
 import queue
-import re
-import shlex
 import socket
 import ssl
 import threading
@@ -42,8 +39,11 @@ from typing import Dict, List, Optional, Tuple
 from ..clock import estimate_offset
 from ..errors import StragglerError
 from ..tls import TLSOptions, client_context
+from .combine import combine_answers
+# Node addresses (the one rule for an inventory host's agent address) live in fleet/inventory.py;
+# these names stay importable from here.
+from .inventory import DEFAULT_PORT, agent_address, normalize_address, parse_nodes, split_address  # noqa: F401
 
-DEFAULT_PORT = 7433
 STATUSES = ("ok", "empty", "sql-error", "tls-error", "forbidden", "refused", "timeout", "truncated", "unreachable")
 ANSWERED = ("ok", "empty")
 EXIT_ALL_ANSWERED = 0
@@ -120,178 +120,6 @@ class FleetResult:
             "exit_code": self.exit_code,
             "elapsed_ms": round(self.elapsed_ms, 3),
         }
-
-
-# ---------------------------------------------------------------- nodes
-
-_RANGE_RE = re.compile(r"\[(\d+):(\d+)\]")
-
-
-def _expand_range(name):
-    """Ansible's host ranges: gpu-node-[01:04] -> gpu-node-01 … gpu-node-04 (numeric only)."""
-    match = _RANGE_RE.search(name)
-    if not match:
-        return [name]
-    start, end = match.group(1), match.group(2)
-    width = len(start) if start.startswith("0") else 0
-    out = []
-    for number in range(int(start), int(end) + 1):
-        out.extend(_expand_range(name[:match.start()] + str(number).zfill(width) + name[match.end():]))
-    return out
-
-
-def normalize_address(text, default_port=DEFAULT_PORT):
-    """'h', 'h:p', '[v6]:p', 'v6' -> 'h:p' / '[v6]:p'."""
-    text = str(text).strip()
-    if not text:
-        raise StragglerError("empty node address; use host:port")
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port = rest.lstrip(":") or str(default_port)
-        if not port.isdigit():
-            raise StragglerError(f"node {text!r}: port must be a number")
-        return f"[{host}]:{int(port)}"
-    if text.count(":") > 1:
-        try:
-            ipaddress.IPv6Address(text)
-            return f"[{text}]:{default_port}"
-        except ValueError:
-            raise StragglerError(f"node {text!r}: write IPv6 addresses as [addr]:port") from None
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        return f"{text}:{default_port}"
-    if not port.isdigit() or not host:
-        raise StragglerError(f"node {text!r}: use host:port with a numeric port")
-    return f"{host}:{int(port)}"
-
-
-def split_address(address):
-    """'h:p' / '[v6]:p' -> (host, port)."""
-    if address.startswith("["):
-        host, _, rest = address[1:].partition("]")
-        return host, int(rest.lstrip(":"))
-    host, _, port = address.rpartition(":")
-    return host, int(port)
-
-
-def _host_port_from_vars(name, host_vars, default_port):
-    host_vars = host_vars or {}
-    host = host_vars.get("ansible_host") or name
-    port = host_vars.get("straggler_agent_port") or host_vars.get("straggler_api_port") or default_port
-    return normalize_address(f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}", default_port)
-
-
-def _parse_ini_inventory(text, default_port):
-    """Hosts of an INI inventory, once each (a host listed in several groups has its variables
-    merged, as Ansible does); [all:vars] gives defaults."""
-    hosts, all_vars, section, kind = {}, {}, "ungrouped", "hosts"
-    for raw in text.splitlines():
-        stripped = raw.strip()
-        if not stripped or stripped.startswith(("#", ";")):
-            continue
-        if stripped.startswith("[") and stripped.endswith("]"):
-            header = stripped[1:-1]
-            section, _, kind = header.partition(":")
-            kind = kind or "hosts"
-            continue
-        try:
-            tokens = shlex.split(stripped, comments=True)
-        except ValueError:
-            tokens = stripped.split()
-        if not tokens:
-            continue
-        if kind == "vars":
-            if section == "all":
-                key, sep, value = stripped.partition("=")
-                if sep:
-                    all_vars[key.strip()] = value.strip().strip("'\"")
-            continue
-        if kind != "hosts":   # [group:children]
-            continue
-        host_vars = {}
-        for token in tokens[1:]:
-            key, sep, value = token.partition("=")
-            if sep:
-                host_vars[key] = value.strip("'\"")
-        for name in _expand_range(tokens[0]):
-            hosts.setdefault(name, {}).update(host_vars)
-    return [_host_port_from_vars(name, {**all_vars, **host_vars}, default_port) for name, host_vars in hosts.items()]
-
-
-def _walk_yaml_group(group, hosts, group_vars):
-    if not isinstance(group, dict):
-        return
-    inherited = {**group_vars, **(group.get("vars") or {})}
-    for name, host_vars in (group.get("hosts") or {}).items():
-        for expanded in _expand_range(str(name)):
-            merged = hosts.setdefault(expanded, {})
-            for key, value in inherited.items():
-                merged.setdefault(key, value)
-            merged.update(host_vars if isinstance(host_vars, dict) else {})
-    for child in (group.get("children") or {}).values():
-        _walk_yaml_group(child, hosts, inherited)
-
-
-def _parse_yaml_inventory(text, default_port, path):
-    try:
-        import yaml
-    except ImportError:
-        raise StragglerError(f"{path} looks like a YAML inventory but PyYAML is not installed; "
-                             f"install it or list the nodes as host:port, one a line") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise StragglerError(f"{path}: not valid YAML ({' '.join(str(exc).split())[:160]})") from None
-    hosts = {}
-    if isinstance(data, dict):
-        for group in data.values():
-            _walk_yaml_group(group, hosts, {})
-    return [_host_port_from_vars(name, host_vars, default_port) for name, host_vars in hosts.items()]
-
-
-def parse_nodes(spec_or_file, default_port=DEFAULT_PORT):
-    """Node addresses ('host:port', in order, without duplicates) from:
-    'h:p,h2:p' | a list of those | a file: one address a line, or an Ansible inventory (INI or
-    YAML; ansible_host when present, port from straggler_agent_port, else default_port)."""
-    if spec_or_file is None:
-        raise StragglerError("no nodes given; pass --nodes host:port,… or an inventory file")
-    if isinstance(spec_or_file, (list, tuple)):
-        items = []
-        for item in spec_or_file:
-            items.extend(parse_nodes(item, default_port) if isinstance(item, str) and ("," in item or os.path.isfile(item))
-                         else [normalize_address(f"{item[0]}:{item[1]}" if isinstance(item, (list, tuple)) else item,
-                                                 default_port)])
-        nodes = items
-    elif os.path.isfile(str(spec_or_file)):
-        path = str(spec_or_file)
-        try:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
-        except OSError as exc:
-            raise StragglerError(f"cannot read node list {path}: {exc.strerror}") from None
-        stripped = [l.strip() for l in text.splitlines() if l.strip() and not l.strip().startswith(("#", ";"))]
-        if path.endswith((".yml", ".yaml")) or (stripped and stripped[0] in ("---", "all:") or
-                                                any(l.endswith(":") and not l.startswith("[") for l in stripped[:3])):
-            nodes = _parse_yaml_inventory(text, default_port, path)
-        elif any(l.startswith("[") and l.endswith("]") and not re.match(r"^\[[0-9a-fA-F:]+\](:\d+)?$", l)
-                 for l in stripped) or any("ansible_host=" in l for l in stripped):
-            nodes = _parse_ini_inventory(text, default_port)
-        else:
-            nodes = []
-            for line in stripped:
-                nodes.extend(normalize_address(part, default_port) for part in re.split(r"[,\s]+", line) if part)
-        if not nodes:
-            raise StragglerError(f"no nodes found in {path}; list host:port one a line, or give an Ansible inventory")
-    else:
-        nodes = [normalize_address(part, default_port) for part in re.split(r"[,\s]+", str(spec_or_file)) if part]
-    seen, unique = set(), []
-    for address in nodes:
-        if address not in seen:
-            seen.add(address)
-            unique.append(address)
-    if not unique:
-        raise StragglerError("no nodes given; pass --nodes host:port,… or an inventory file")
-    return unique
 
 
 # ---------------------------------------------------------------- one node
@@ -634,39 +462,22 @@ def fleet_query(nodes, sql, tls=None, limit=10000, timeout_s=5.0, deadline_s=15.
 
 
 def _combine(ordered):
-    """One table: the first answering node's columns, with `node` first unless the SQL selected it."""
-    columns = None
+    """One table from the answering nodes, by the one rule in fleet/combine.py (the union of their
+    columns, lined up by name, `node` first unless the SQL selected it); a node whose columns
+    differ keeps its rows and says so in its message."""
+    answering = [status for status in ordered if status.answered]
     names_seen = {}
-    for status in ordered:
-        if not status.answered:
-            continue
-        node_columns = getattr(status, "columns", None) or []
-        if columns is None:
-            columns = node_columns
-        elif node_columns != columns:
-            status.status = "sql-error"
-            status.message = (f"its columns {node_columns} differ from the other nodes' {columns} "
-                              f"(a different schema version?); its rows are left out")
-            status.row_count = 0
-            continue
+    for status in answering:
         if status.node in names_seen:
             status.message += f"; the same node name as {names_seen[status.node]}"
         names_seen.setdefault(status.node, status.address)
-    if columns is None:
-        return [], []
-    selects_node = "node" in columns
-    out_columns = list(columns) if selects_node else ["node"] + list(columns)
-    rows = []
-    for status in ordered:
-        if not status.answered:
-            continue
-        node_rows = getattr(status, "rows", None) or []
-        if selects_node:
-            rows.extend(list(r) for r in node_rows)
-        else:
-            name = status.node or status.address
-            rows.extend([name] + list(r) for r in node_rows)
-    return out_columns, rows
+    columns, rows, notes = combine_answers(
+        (status.node or status.address, getattr(status, "columns", None) or [], getattr(status, "rows", None) or [])
+        for status in answering)
+    for status, note in zip(answering, notes):
+        if note:
+            status.message += f"; {note}"
+    return columns, rows
 
 
 # ---------------------------------------------------------------- live polling (straggler watch)

@@ -14,25 +14,16 @@ import os
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.straggler.fleet.plugins.plugin_utils.agents import agent_argument_spec, agent_nodes, tls_options
 from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import (
-    DEFAULT_AGENT_PORT,
     core_error_types,
-    default_nodes,
     import_core,
     plain,
-    play_hosts,
     write_if_changed,
 )
 
-ARGUMENT_SPEC = dict(
+ARGUMENT_SPEC = agent_argument_spec(
     db=dict(type='path'),
-    nodes=dict(type='list', elements='str'),
-    hosts=dict(type='list', elements='str'),
-    port=dict(type='int', default=DEFAULT_AGENT_PORT),
-    ca=dict(type='path'),
-    cert=dict(type='path'),
-    key=dict(type='path', no_log=False),
-    no_tls=dict(type='bool', default=False),
     timeout=dict(type='float'),
     deadline=dict(type='float'),
     baseline_fraction=dict(type='float'),
@@ -81,16 +72,12 @@ class ActionModule(ActionBase):
             if not os.path.isfile(db):
                 raise AnsibleActionFail('%s: no such database; collect and merge first, or give nodes' % db)
             return explain.explain_db(db, **options)
-        nodes = list(args['nodes'] or [])
-        if not nodes:
-            nodes, dummy = default_nodes(task_vars, play_hosts(task_vars, args['hosts']), args['port'])
+        nodes, dummy = agent_nodes(task_vars, args)
         if not nodes:
             raise AnsibleActionFail('no nodes to explain: give db, nodes or hosts')
-        tls = import_core('tls')
-        tls_files = dict((name, args[name]) for name in ('ca', 'cert', 'key') if args[name])
         if args['deadline'] is not None:
             options['deadline_s'] = args['deadline']
-        return explain.explain_fleet(nodes, tls.TLSOptions(no_tls=args['no_tls'], **tls_files), **options)
+        return explain.explain_fleet(nodes, tls_options(args), **options)
 
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}

@@ -13,26 +13,17 @@ import dataclasses
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.straggler.fleet.plugins.plugin_utils.agents import agent_argument_spec, agent_nodes, tls_options
 from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import (
-    DEFAULT_AGENT_PORT,
     core_error_types,
-    default_nodes,
     import_core,
-    play_hosts,
     write_if_changed,
 )
 
 ANSWERED = ('ok', 'empty')
 
-ARGUMENT_SPEC = dict(
+ARGUMENT_SPEC = agent_argument_spec(
     sql=dict(type='str', required=True),
-    nodes=dict(type='list', elements='str'),
-    hosts=dict(type='list', elements='str'),
-    port=dict(type='int', default=DEFAULT_AGENT_PORT),
-    ca=dict(type='path'),
-    cert=dict(type='path'),
-    key=dict(type='path', no_log=False),
-    no_tls=dict(type='bool', default=False),
     timeout=dict(type='float', default=5.0),
     deadline=dict(type='float', default=15.0),
     limit=dict(type='int', default=10000),
@@ -99,20 +90,13 @@ class ActionModule(ActionBase):
         if args['limit'] < 1 or args['concurrency'] < 1:
             raise AnsibleActionFail('limit and concurrency must be at least 1')
 
-        host_of_address = {}
-        if args['nodes']:
-            nodes = list(args['nodes'])
-        else:
-            nodes, host_of_address = default_nodes(task_vars, play_hosts(task_vars, args['hosts']), args['port'])
+        nodes, host_of_address = agent_nodes(task_vars, args)
         if not nodes:
             raise AnsibleActionFail('no nodes to query: the play has no hosts; set nodes (host:port, ...)')
-        tls = import_core('tls')
         client = import_core('fleet.client')
-        tls_files = dict((name, args[name]) for name in ('ca', 'cert', 'key') if args[name])
-        tls_options = tls.TLSOptions(no_tls=args['no_tls'], **tls_files)
         try:
             fleet_result = client.fleet_query(
-                nodes, args['sql'], tls_options, limit=args['limit'], timeout_s=args['timeout'],
+                nodes, args['sql'], tls_options(args), limit=args['limit'], timeout_s=args['timeout'],
                 deadline_s=args['deadline'], concurrency=args['concurrency'], clock_samples=args['clock_samples'])
         except core_error_types() as exc:
             raise AnsibleActionFail('fleet query failed: %s' % exc) from None

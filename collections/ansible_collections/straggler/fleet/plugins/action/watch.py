@@ -14,26 +14,17 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
+from ansible_collections.straggler.fleet.plugins.plugin_utils.agents import agent_argument_spec, agent_nodes, tls_options
 from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import (
-    DEFAULT_AGENT_PORT,
     core_error_types,
-    default_nodes,
     import_core,
     plain,
-    play_hosts,
     write_if_changed,
 )
 
 display = Display()
 
-ARGUMENT_SPEC = dict(
-    nodes=dict(type='list', elements='str'),
-    hosts=dict(type='list', elements='str'),
-    port=dict(type='int', default=DEFAULT_AGENT_PORT),
-    ca=dict(type='path'),
-    cert=dict(type='path'),
-    key=dict(type='path', no_log=False),
-    no_tls=dict(type='bool', default=False),
+ARGUMENT_SPEC = agent_argument_spec(
     duration=dict(type='float', required=True),
     interval=dict(type='float'),
     window=dict(type='float'),
@@ -106,17 +97,13 @@ class ActionModule(ActionBase):
             result.update(skipped=True, changed=False,
                           msg='check mode: not watching (a watch takes duration seconds and only reads the agents)')
             return result
-        nodes = list(args['nodes'] or [])
-        if not nodes:
-            nodes, dummy = default_nodes(task_vars, play_hosts(task_vars, args['hosts']), args['port'])
+        nodes, dummy = agent_nodes(task_vars, args)
         if not nodes:
             raise AnsibleActionFail('no nodes to watch: give nodes or hosts')
 
         watch = import_core('analysis.watch')
-        tls = import_core('tls')
-        tls_files = dict((name, args[name]) for name in ('ca', 'cert', 'key') if args[name])
         try:
-            code, events = watch.watch(nodes, tls.TLSOptions(no_tls=args['no_tls'], **tls_files),
+            code, events = watch.watch(nodes, tls_options(args),
                                        on_event=lambda event: display.v(watch.format_event(event)),
                                        **watch_options(args))
         except core_error_types() as exc:

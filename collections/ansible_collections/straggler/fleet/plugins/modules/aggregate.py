@@ -20,8 +20,14 @@ description:
   - Runs once per play on the controller, whatever the play's hosts (like C(run_once)), and contacts no host.
   - Writes the table to O(dest) as JSON, CSV or Markdown when asked; the file is rewritten only when its
     content changes, and then the task reports a change.
+  - The table is combined by the same rule as M(straggler.fleet.fleet_query) (the core's C(straggler.fleet.combine)),
+    so the same SQL gives the same table over either path. Its columns are C(node) (unless the query selected one)
+    and the union of the hosts' columns in first-seen order; a host whose columns differ keeps its rows, with
+    null for the columns it lacks, and its RV(hosts[].message) says how (C(columns differ) and which).
 author:
   - The straggler project (!UNKNOWN)
+requirements:
+  - The straggler package importable by the Python that runs Ansible on the controller.
 options:
   results:
     description:
@@ -49,18 +55,11 @@ options:
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
+  - straggler.fleet.controller
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: full
   check_mode:
     support: full
     details: Builds the table; reports whether O(dest) would change without writing it.
-  diff_mode:
-    support: none
   platform:
     platforms: all
 notes:
@@ -102,13 +101,15 @@ EXAMPLES = r"""
 
 RETURN = r"""
 columns:
-  description: Column names; C(node) first unless the query selected a C(node) column itself.
+  description: Column names; C(node) first unless the query selected a C(node) column itself, then the union of
+    the hosts' columns in first-seen order.
   returned: success
   type: list
   elements: str
   sample: [node, events]
 rows:
-  description: Every answering host's rows, in host order, each a list in the order of RV(columns).
+  description: Every answering host's rows, in host order, each a list in the order of RV(columns) (null where
+    the host lacks a column).
   returned: success
   type: list
   elements: list

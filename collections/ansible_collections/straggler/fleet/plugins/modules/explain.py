@@ -14,6 +14,7 @@ version_added: 0.1.0
 description:
   - Runs the core's explain (C(straggler explain)) on a database, usually the cluster database from
     M(straggler.fleet.merge), or live on the agents over HTTPS (mutual TLS) with O(nodes) or O(hosts).
+    O(port) and the TLS options (O(ca), O(cert), O(key), O(server_name), O(no_tls)) are used only live.
   - Returns the report, ranked findings, each with its numbers, the SQL behind them and a recommendation, and the
     straggler's node name (null when there is none).
   - Writes the report as JSON (O(dest)), Markdown (O(markdown)) and JUnit XML (O(junit)) when asked. With
@@ -37,31 +38,10 @@ options:
     elements: str
   hosts:
     description:
-      - Explain live, asking the agents of these inventory hosts (at C(ansible_host) and O(port)).
+      - Explain live, asking the agents of these inventory hosts (at C(ansible_host) and C(straggler_agent_port),
+        else O(port)).
     type: list
     elements: str
-  port:
-    description:
-      - The agents' API port, for agents built from the inventory.
-    type: int
-    default: 7433
-  ca:
-    description:
-      - The fleet CA certificate (live explain). Default as for C(straggler explain).
-    type: path
-  cert:
-    description:
-      - The controller's client certificate (live explain). Default as for C(straggler explain).
-    type: path
-  key:
-    description:
-      - The private key of O(cert) (live explain). Default as for C(straggler explain).
-    type: path
-  no_tls:
-    description:
-      - Plain HTTP to agents started with C(--no-tls) (tests only).
-    type: bool
-    default: false
   timeout:
     description:
       - Seconds each query may take (default 300 on a database, 30 live).
@@ -105,20 +85,13 @@ options:
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
+  - straggler.fleet.controller
+  - straggler.fleet.agents
+  - straggler.fleet.tls
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: full
   check_mode:
     support: full
     details: Explains (read-only) and reports whether the files would change without writing them.
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
 seealso:
   - module: straggler.fleet.merge
   - module: straggler.fleet.fleet_query
@@ -136,9 +109,9 @@ EXAMPLES = r"""
 - name: Explain live on the agents of the gpu group
   straggler.fleet.explain:
     hosts: "{{ groups['gpu'] }}"
-    ca: .pki/ca.crt
-    cert: .pki/controller.crt
-    key: .pki/controller.key
+    ca: ~/.local/share/straggler/pki/ca.crt
+    cert: ~/.local/share/straggler/pki/controller.crt
+    key: ~/.local/share/straggler/pki/controller.key
 """
 
 RETURN = r"""

@@ -70,20 +70,11 @@ options:
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
+  - straggler.fleet.controller
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: full
   check_mode:
     support: full
     details: Reports what it would write; writes nothing.
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
 seealso:
   - module: straggler.fleet.merge
   - module: straggler.fleet.explain

@@ -17,6 +17,10 @@ description:
     requests go out in parallel over HTTPS with mutual TLS 1.3 to each agent's API port.
   - Returns one table (the fleet client adds the node column), a status per node, and each node's clock
     offset to the controller measured over the same connections.
+  - The table is combined by the same rule as M(straggler.fleet.aggregate) (the core's C(straggler.fleet.combine)),
+    so the same SQL gives the same table over either path. Its columns are C(node) (unless the SQL selected one)
+    and the union of the nodes' columns in first-seen order; a node whose columns differ keeps its rows, with
+    null for the columns it lacks, and its RV(nodes[].message) says how (C(columns differ) and which).
   - This is the fast path when the agents' port is reachable from the controller; M(straggler.fleet.query)
     with M(straggler.fleet.aggregate) is the path that needs nothing but Ansible's own connection.
   - Runs once per play on the controller (like C(run_once)), whatever the play's hosts.
@@ -38,7 +42,7 @@ options:
     description:
       - The agents to query, as C(host:port) (C([v6addr]:port) for IPv6).
       - Defaults to every host of the play (C(ansible_play_hosts_all), or O(hosts)), each at its C(ansible_host)
-        (else its inventory hostname) and O(port).
+        (else its inventory hostname) and its C(straggler_agent_port) (else O(port)).
     type: list
     elements: str
   hosts:
@@ -47,29 +51,6 @@ options:
       - Mutually exclusive with O(nodes).
     type: list
     elements: str
-  port:
-    description:
-      - The agents' API port, for the nodes built from the inventory.
-    type: int
-    default: 7433
-  ca:
-    description:
-      - The fleet CA certificate on the controller. Default as for C(straggler fleet query) (C(/etc/straggler/tls/ca.crt)).
-    type: path
-  cert:
-    description:
-      - The controller's client certificate, signed by the fleet CA. Default as for C(straggler fleet query)
-        (C(/etc/straggler/tls/node.crt)).
-    type: path
-  key:
-    description:
-      - The private key of O(cert). Default as for C(straggler fleet query) (C(/etc/straggler/tls/node.key)).
-    type: path
-  no_tls:
-    description:
-      - Plain HTTP without certificates (only for agents started with C(--no-tls), for tests).
-    type: bool
-    default: false
   timeout:
     description:
       - Seconds each node may take to answer.
@@ -108,20 +89,13 @@ options:
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
+  - straggler.fleet.controller
+  - straggler.fleet.agents
+  - straggler.fleet.tls
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: full
   check_mode:
     support: full
     details: Queries (read-only) and reports whether O(dest) would change without writing it.
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
 notes:
   - "Node statuses: C(ok), C(empty) (answered, no rows), C(sql-error), C(tls-error), C(forbidden) (the client
     certificate lacks the role), C(refused), C(timeout), C(truncated) (the answer ended short), C(unreachable)."
@@ -139,9 +113,9 @@ EXAMPLES = r"""
     - name: Slowest all-reduce per node
       straggler.fleet.fleet_query:
         sql: SELECT max(duration) / 1e6 AS max_ms FROM calls WHERE op = 'ncclAllReduce'
-        ca: "{{ playbook_dir }}/../.pki/ca.crt"
-        cert: "{{ playbook_dir }}/../.pki/controller.crt"
-        key: "{{ playbook_dir }}/../.pki/controller.key"
+        ca: ~/.local/share/straggler/pki/ca.crt
+        cert: ~/.local/share/straggler/pki/controller.crt
+        key: ~/.local/share/straggler/pki/controller.key
         dest: results/allreduce.json
       register: straggler_fleet
 
@@ -158,7 +132,8 @@ EXAMPLES = r"""
 
 RETURN = r"""
 columns:
-  description: Column names of the combined table (as the fleet client returns them, with the node column).
+  description: Column names of the combined table; C(node) first unless the SQL selected a C(node) column itself,
+    then the union of the nodes' columns in first-seen order.
   returned: success
   type: list
   elements: str

@@ -38,31 +38,9 @@ options:
     elements: str
   hosts:
     description:
-      - Watch the agents of these inventory hosts (at C(ansible_host) and O(port)).
+      - Watch the agents of these inventory hosts (at C(ansible_host) and C(straggler_agent_port), else O(port)).
     type: list
     elements: str
-  port:
-    description:
-      - The agents' API port, for agents built from the inventory.
-    type: int
-    default: 7433
-  ca:
-    description:
-      - The fleet CA certificate. Default as for C(straggler watch).
-    type: path
-  cert:
-    description:
-      - The controller's client certificate. Default as for C(straggler watch).
-    type: path
-  key:
-    description:
-      - The private key of O(cert). Default as for C(straggler watch).
-    type: path
-  no_tls:
-    description:
-      - Plain HTTP to agents started with C(--no-tls) (tests only).
-    type: bool
-    default: false
   duration:
     description:
       - Seconds to watch (the task takes this long unless a straggler stops it earlier with O(fail_on_straggler)).
@@ -98,22 +76,15 @@ options:
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
+  - straggler.fleet.controller
+  - straggler.fleet.agents
+  - straggler.fleet.tls
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: full
   check_mode:
     support: none
     details: >-
       In check mode nothing is watched and the task is reported as skipped: a watch would only read the agents,
       and would take O(duration) seconds to do it. The options are still checked.
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
 notes:
   - Each event returned and written carries the controller's wall clock (C(time)) and monotonic clock (C(mono_ns)).
   - Run the task with C(-v) to see the events as they happen.
@@ -127,9 +98,9 @@ EXAMPLES = r"""
   straggler.fleet.watch:
     hosts: "{{ groups['gpu'] }}"
     duration: 300
-    ca: .pki/ca.crt
-    cert: .pki/controller.crt
-    key: .pki/controller.key
+    ca: ~/.local/share/straggler/pki/ca.crt
+    cert: ~/.local/share/straggler/pki/controller.crt
+    key: ~/.local/share/straggler/pki/controller.key
     dest: results/watch.jsonl
   register: straggler_watch
 

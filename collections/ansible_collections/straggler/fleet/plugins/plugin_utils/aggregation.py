@@ -3,15 +3,19 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Fan-in of per-host results into one table, for the aggregate action plugin (and the summary
 callback): what status each host's registered result says, and the combined rows with a `node`
-column. Pure functions of their arguments; no I/O, no Ansible objects beyond plain data.
+column. The rows are combined by the core's one rule (straggler.fleet.combine.combine_answers,
+the same as the fleet client over HTTPS): the union of the hosts' columns in first-seen order,
+lined up by name, null where a host lacks a column, and the host's status message saying
+"columns differ: ..."). No I/O; plain data in and out.
 
 It must not run queries or judge SQL: it only reads what straggler.fleet.query returned.
 """
 
 from __future__ import annotations
 
+from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import import_core
+
 ANSWERED = ('ok', 'empty')
-NODE_COLUMN = 'node'
 
 
 def _one_line(text, limit=300):
@@ -63,34 +67,24 @@ def aggregate(hosts, registered_by_host, active_hosts=None):
     registered_by_host: host -> registered result (missing key or None: nothing registered).
     active_hosts: the hosts still in the play (to explain a missing result), or None.
 
-    Returns dict(columns, rows, hosts, missing, row_count): `columns` gets a leading `node`
-    column unless the query already selected one; hosts whose columns differ contribute by
-    column name (None where a host lacks a column)."""
+    Returns dict(columns, rows, hosts, missing, row_count), the table by the core's
+    combine_answers (see the module docstring); a host whose columns differ keeps its rows and
+    its status message says how."""
     statuses = []
-    columns = []
-    per_host = []
+    answering = []
     for host in hosts:
         registered = registered_by_host.get(host)
         status = host_status(host, registered, active_hosts)
         statuses.append(status)
-        if status['status'] not in ANSWERED:
-            continue
-        host_columns = [str(column) for column in (registered.get('columns') or [])]
-        for column in host_columns:
-            if column not in columns:
-                columns.append(column)
-        per_host.append((status['node'], host_columns, registered.get('rows') or []))
-
-    add_node = NODE_COLUMN not in columns
-    out_columns = ([NODE_COLUMN] if add_node else []) + columns
-    rows = []
-    for node, host_columns, host_rows in per_host:
-        position = dict((column, index) for index, column in enumerate(host_columns))
-        for row in host_rows:
-            row = list(row)
-            values = [row[position[column]] if column in position and position[column] < len(row) else None
-                      for column in columns]
-            rows.append(([node] if add_node else []) + values)
+        if status['status'] in ANSWERED:
+            answering.append((status, [str(column) for column in (registered.get('columns') or [])],
+                              registered.get('rows') or []))
+    combine_answers = import_core('fleet.combine').combine_answers
+    out_columns, rows, notes = combine_answers([(status['node'], columns, host_rows)
+                                                for status, columns, host_rows in answering])
+    for (status, dummy, dummy_rows), note in zip(answering, notes):
+        if note:
+            status['message'] = '; '.join(part for part in (status['message'], note) if part)
     missing = [status['host'] for status in statuses if status['status'] not in ANSWERED]
     return dict(columns=out_columns, rows=rows, hosts=statuses, missing=missing, row_count=len(rows))
 

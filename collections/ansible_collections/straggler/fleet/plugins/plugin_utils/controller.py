@@ -90,16 +90,21 @@ def hostvar(task_vars, host, name, default=None):
     return default if value is None else value
 
 
-def default_nodes(task_vars, hosts, port):
-    """`address:port` of the agent on each host (address = ansible_host, else the inventory
-    hostname), and the inventory hostname each address belongs to."""
+def default_nodes(task_vars, hosts, port=DEFAULT_AGENT_PORT):
+    """`address:port` of the agent on each host, by the core's one rule
+    (straggler.fleet.inventory.agent_address: ansible_host else the inventory hostname, port
+    straggler_agent_port from the host's variables else `port`), and the inventory hostname each
+    address belongs to."""
+    inventory = import_core('fleet.inventory')
     nodes = []
     host_of_address = {}
     for host in hosts:
-        address = to_text(hostvar(task_vars, host, 'ansible_host', host))
-        if ':' in address and not address.startswith('['):
-            address = '[%s]' % address  # a bare IPv6 address
-        node = '%s:%d' % (address, port)
+        host_vars = dict((name, hostvar(task_vars, host, name))
+                         for name in (inventory.HOST_VARIABLE, inventory.PORT_VARIABLE))
+        try:
+            node = inventory.agent_address(to_text(host), plain(host_vars), port)
+        except core_error_types() as exc:
+            raise AnsibleActionFail(to_text(exc)) from None
         nodes.append(node)
         host_of_address[node] = host
     return nodes, host_of_address

@@ -53,6 +53,10 @@ def test_hosts_with_different_columns_line_up_by_name():
     table = aggregate(['h1', 'h2'], dict(h1=first, h2=second))
     assert table['columns'] == ['node', 'a', 'b', 'c']
     assert table['rows'] == [['n1', 1, 2, None], ['n2', None, 3, 4]]
+    # the core's rule (straggler.fleet.combine): the host is kept, ok, and says how its columns differ
+    assert [entry['status'] for entry in table['hosts']] == ['ok', 'ok'] and table['missing'] == []
+    assert table['hosts'][0]['message'] == ''
+    assert table['hosts'][1]['message'] == 'columns differ: lacks a (null in its rows); adds c'
 
 
 @pytest.mark.parametrize('registered, status', [

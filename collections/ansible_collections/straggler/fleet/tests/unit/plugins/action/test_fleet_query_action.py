@@ -97,6 +97,29 @@ def test_nodes_default_to_the_play_hosts_at_ansible_host_and_port():
     assert host_of_address['b:7433'] == 'b'
 
 
+def test_a_hosts_straggler_agent_port_wins_over_the_port_option():
+    """The core's one rule (straggler.fleet.inventory.agent_address), the same as `straggler fleet --nodes INVENTORY`."""
+    from straggler.fleet.inventory import agent_address
+    hostvars = dict(a=dict(ansible_host='10.0.0.1', straggler_agent_port=9000), b=dict(straggler_agent_port='9001'), c={})
+    nodes, dummy = default_nodes(dict(hostvars=hostvars), ['a', 'b', 'c'], 7500)
+    assert nodes == ['10.0.0.1:9000', 'b:9001', 'c:7500']
+    assert nodes == [agent_address(host, hostvars[host], 7500) for host in ('a', 'b', 'c')]
+
+
+def test_a_bad_straggler_agent_port_fails_the_task(action_factory):
+    task_vars = dict(hostvars=dict(a=dict(straggler_agent_port='http')), ansible_play_hosts_all=['a'])
+    with pytest.raises(AnsibleActionFail, match='straggler_agent_port'):
+        run(action_factory, dict(sql='SELECT 1', no_tls=True), task_vars=task_vars)
+
+
+def test_the_port_variable_reaches_the_agent(action_factory, agents):
+    port = int(agents[1].rsplit(':', 1)[1])
+    task_vars = dict(hostvars=dict(gpu2=dict(ansible_host='127.0.0.1', straggler_agent_port=port)),
+                     ansible_play_hosts_all=['gpu2'])
+    result = run(action_factory, dict(sql='SELECT 1 AS one', port=1, no_tls=True, clock_samples=0), task_vars=task_vars)
+    assert result['nodes'][0]['node'] == 'node-b' and result['nodes'][0]['host'] == 'gpu2'
+
+
 def test_play_hosts_map_back_to_inventory_names(action_factory, agents):
     port = int(agents[0].rsplit(':', 1)[1])
     task_vars = dict(hostvars=dict(gpu1=dict(ansible_host='127.0.0.1')), ansible_play_hosts_all=['gpu1'])
