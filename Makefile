@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV  := .venv
 PY    := $(VENV)/bin/python
 
-.PHONY: setup demo test test-fast sanity bench clean
+.PHONY: setup demo test test-fast sanity bench collection clean
 
 setup:
 	@bash scripts/setup.sh
@@ -17,8 +17,13 @@ test: setup
 sanity: setup
 	@bash scripts/sanity.sh
 
+# dist/straggler-fleet-<version>.tar.gz: plugins, roles, playbooks and the agent wheel, for
+# `ansible-galaxy collection install` on a controller without this repository
+collection: setup
+	$(PY) scripts/build_collection.py --output-dir dist
+
 bench: setup
 	$(PY) -m bench.run_all
 
 clean:
-	rm -rf $(VENV) demo-output results .pytest_cache
+	rm -rf $(VENV) demo-output results .pytest_cache dist

@@ -1,5 +1,10 @@
-"""Integration tests of the roles (agent, pki) and the playbooks on the multi-host test bed: real
+"""Integration tests of the roles (straggler_agent, straggler_pki) and the playbooks on the multi-host test bed: real
 SSH, real agents with eBPF (scope netns: the test bed's hosts share one kernel), real mutual TLS.
+They run as a user of the collection would: the tarball `make collection` builds, installed with
+ansible-galaxy, `ansible-playbook straggler.fleet.<name>` from a directory outside the repository
+with a controller that has only ansible-core plus what the collection declares (the agent role
+installs the wheel the collection carries). The repository's own playbooks/ paths run in
+tests/test_acceptance.py (the demo).
 
 The test bed has four live hosts gpu-node-01..04 and a dead one, gpu-node-dead (SSH hangs until
 the timeout). What a user would notice is asserted: the playbooks finish with the live hosts'
@@ -9,15 +14,15 @@ second deployment changes nothing, and the deployed hosts look right from the ou
 (pytest-testinfra over the test bed's inventory, TLS handshakes from the controller).
 
 The tests of this module run in order and share one deployment (module-scoped fixtures); the last
-one removes it. They must not touch the repository's .pki/, results/ or build/: everything the
-playbooks write goes to a temporary directory.
+one removes it. They must not touch the controller's ~/.local/share/straggler (the playbooks'
+default fleet CA, results and wheel cache) or the checkout: everything the playbooks write goes to a
+temporary directory.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
-import shutil
 import socket
 import sqlite3
 import ssl
@@ -27,11 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from galaxy_helpers import build_collection, install_collection  # tests/
 from pftrace_replay import Replay  # tests/pftrace_replay.py
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = REPO / ".venv" / "bin"
-ANSIBLE_PLAYBOOK = VENV_BIN / "ansible-playbook"
 LIVE = ["gpu-node-01", "gpu-node-02", "gpu-node-03", "gpu-node-04"]
 DEAD = "gpu-node-dead"
 AGENT_PORT = 7433
@@ -62,38 +67,45 @@ def parse_recap(stdout: str) -> dict:
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory, testbed):
-    """A private copy of the package sources (so the wheel does not change under the test when
-    someone edits the tree), and private PKI, wheel cache and results directories."""
+    """The collection as a user has it: built from the sources (`make collection`), installed with
+    ansible-galaxy into an empty collections path, run by a controller venv that has only ansible-core
+    plus what the collection declares, from a directory outside the repository (no ansible.cfg of
+    ours, no roles_path: the roles come from the collection). Private PKI, wheel cache and results."""
     root = tmp_path_factory.mktemp("playbooks")
-    source = root / "source"
-    source.mkdir()
-    shutil.copy2(REPO / "pyproject.toml", source / "pyproject.toml")
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "*.so")
-    for tree in ("agent", "bpf"):
-        shutil.copytree(REPO / tree, source / tree, ignore=ignore)
+    built = build_collection(root / "dist")
+    user = install_collection(Path(built["collection"]), root / "user")
+    env = testbed.ansible_env(user["env"])
+    # the test bed's connection settings, and nothing that would find the repository's collection or roles
+    env["ANSIBLE_COLLECTIONS_PATH"] = str(root / "user" / "collections")
+    env["ANSIBLE_ROLES_PATH"] = str(root / "user" / "no-roles")
+    env["ANSIBLE_CALLBACKS_ENABLED"] = "straggler.fleet.summary"
+    (root / "logs").mkdir()
+    WORK_ENV[str(root)] = (env, user)
     return root
 
 
+WORK_ENV: dict = {}   # work dir -> (environment, installed collection) for run_playbook
+
+
 def playbook_vars(work: Path, **extra) -> str:
-    data = {"straggler_pki_dir": str(work / "pki"), "straggler_agent_source_dir": str(work / "source"),
-            "straggler_agent_wheel_cache": str(work / "wheels"), "results_dir": str(work / "results"),
-            "scope": "netns", "straggler_agent_start_timeout": 240}
+    data = {"straggler_pki_dir": str(work / "pki"), "straggler_agent_wheel_cache": str(work / "wheels"),
+            "straggler_results_dir": str(work / "results"), "straggler_agent_scope": "netns",
+            "straggler_agent_start_timeout": 240}
     data.update(extra)
     return json.dumps(data)
 
 
 def run_playbook(testbed, work: Path, name: str, *args: str, limit: str | None = None, **extra) -> PlaybookRun:
-    env = testbed.ansible_env()
-    env["ANSIBLE_CALLBACKS_ENABLED"] = "straggler.fleet.summary"
-    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
-    argv = [str(ANSIBLE_PLAYBOOK), "-i", str(testbed.inventory), f"playbooks/{name}", "-e", playbook_vars(work, **extra)]
+    """ansible-playbook straggler.fleet.<name> from the installed collection, outside the repository."""
+    env, user = WORK_ENV[str(work)]
+    argv = [str(user["venv"] / "bin" / "ansible-playbook"), "-i", str(testbed.inventory),
+            f"straggler.fleet.{Path(name).stem}", "-e", playbook_vars(work, **extra)]
     if limit:
         argv += ["--limit", limit]
     argv += list(args)
-    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=PLAYBOOK_TIMEOUT_S,
+    proc = subprocess.run(argv, cwd=user["root"], env=env, capture_output=True, text=True, timeout=PLAYBOOK_TIMEOUT_S,
                           stdin=subprocess.DEVNULL)
     logs = work / "logs"
-    logs.mkdir(exist_ok=True)
     (logs / f"{len(list(logs.iterdir())):02d}-{name}.log").write_text(proc.stdout + proc.stderr)
     return PlaybookRun(argv, proc.returncode, proc.stdout, proc.stderr, parse_recap(proc.stdout))
 
@@ -242,7 +254,7 @@ SQL = "SELECT count(*) AS probes FROM probes"
 
 
 def test_fleet_query_over_ssh_returns_each_hosts_rows_and_lists_the_dead_host(deployed, testbed, work):
-    run = run_playbook(testbed, work, "fleet_query.yml", sql=SQL)
+    run = run_playbook(testbed, work, "fleet_query.yml", straggler_sql=SQL)
     assert run.rc == 4, run.explain()
     results = _results(work, run)
     assert results["columns"] == ["node", "probes"], results
@@ -257,7 +269,7 @@ def test_fleet_query_over_ssh_returns_each_hosts_rows_and_lists_the_dead_host(de
 
 
 def test_fleet_query_over_https_asks_every_agent_and_lists_the_dead_host(deployed, testbed, work):
-    run = run_playbook(testbed, work, "fleet_query.yml", sql=SQL, transport="https")
+    run = run_playbook(testbed, work, "fleet_query.yml", straggler_sql=SQL, straggler_transport="https")
     assert run.rc == 2, "(https) an agent that does not answer fails the run at the end\n" + run.explain()
     results = _results(work, run)
     assert sorted(row[0] for row in results["rows"]) == LIVE, results
@@ -266,7 +278,7 @@ def test_fleet_query_over_https_asks_every_agent_and_lists_the_dead_host(deploye
 
 
 def test_fleet_query_of_the_live_hosts_only_exits_0(deployed, testbed, work):
-    run = run_playbook(testbed, work, "fleet_query.yml", limit="live", sql=SQL)
+    run = run_playbook(testbed, work, "fleet_query.yml", limit="live", straggler_sql=SQL)
     assert run.rc == 0, run.explain()
     assert _results(work, run)["missing"] == []
 
@@ -275,7 +287,7 @@ def test_fleet_query_of_the_live_hosts_only_exits_0(deployed, testbed, work):
 
 def test_collect_produces_a_cluster_db_of_four_nodes_and_a_pftrace(deployed, testbed, work):
     out = work / "collected"
-    run = run_playbook(testbed, work, "collect.yml", out=str(out))
+    run = run_playbook(testbed, work, "collect.yml", straggler_out=str(out))
     assert run.rc == 4, run.explain()
     assert sorted(p.stem for p in (out / "nodes").glob("*.db")) == LIVE
     with sqlite3.connect(f"file:{out / 'cluster.db'}?mode=ro", uri=True) as db:
@@ -295,7 +307,7 @@ def test_diagnose_exits_2_only_when_a_straggler_is_found_and_writes_junit_and_ma
     db = tmp_path / "cluster.db"
     synth.write_cluster(str(db), synth.SynthSpec(scenario=scenario, events=20_000), work_dir=str(tmp_path))
     out = tmp_path / "diagnose"
-    run = run_playbook(testbed, work, "diagnose.yml", db=str(db), out=str(out))
+    run = run_playbook(testbed, work, "diagnose.yml", straggler_cluster_db=str(db), straggler_out=str(out))
     assert run.rc == expected_rc, run.explain()
     junit = (out / "junit.xml").read_text()
     assert "<testsuite" in junit
@@ -307,7 +319,7 @@ def test_diagnose_exits_2_only_when_a_straggler_is_found_and_writes_junit_and_ma
 
 def test_stopped_then_absent_cleans_up(deployed, testbed, work):
     pids = {name: agent_status(testbed, name)["agent_pid"] for name in LIVE}
-    stopped = run_playbook(testbed, work, "trace.yml", state="stopped")
+    stopped = run_playbook(testbed, work, "trace.yml", straggler_agent_state="stopped")
     assert stopped.rc == 4, stopped.explain()
     for name in LIVE:
         assert process_gone(pids[name]), f"{name}: agent pid {pids[name]} still runs after the play"
@@ -316,7 +328,7 @@ def test_stopped_then_absent_cleans_up(deployed, testbed, work):
             socket.create_connection((testbed.hosts[name], AGENT_PORT), timeout=5).close()
         assert testbed.exec(name, ["test", "-x", "/opt/straggler/venv/bin/straggler"]).returncode == 0
 
-    absent = run_playbook(testbed, work, "trace.yml", state="absent", straggler_agent_remove_data=True)
+    absent = run_playbook(testbed, work, "trace.yml", straggler_agent_state="absent", straggler_agent_remove_data=True)
     assert absent.rc == 4, absent.explain()
     for name in LIVE:
         for path in ("/opt/straggler/venv", "/opt/straggler/bin", "/etc/straggler/agent.yml", "/etc/straggler/tls",

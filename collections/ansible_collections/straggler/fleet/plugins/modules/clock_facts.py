@@ -32,6 +32,10 @@ description:
   - The module itself changes nothing and runs in check mode.
 author:
   - The straggler project (!UNKNOWN)
+requirements:
+  - On the controller, the straggler package importable by the Python that runs Ansible (the action plugin
+    computes the offset with its clock rules; see the collection's README, Install).
+  - On the host, Python 3.8 or later.
 options:
   samples:
     description:
@@ -78,7 +82,9 @@ EXAMPLES = r"""
 
 - name: Show the offsets
   ansible.builtin.debug:
-    msg: "{{ inventory_hostname }}: {{ straggler_clock.offset_ns / 1e6 }} ms +/- {{ straggler_clock.uncertainty_ns / 1e6 }} ms"
+    msg: >-
+      {{ inventory_hostname }}: {{ ansible_facts.straggler_clock.offset_ns / 1e6 }} ms
+      +/- {{ ansible_facts.straggler_clock.uncertainty_ns / 1e6 }} ms
 
 - name: Merge collected databases on the controller, aligned with the offsets just measured
   straggler.fleet.merge:

@@ -1,0 +1,94 @@
+"""The collection as a user installs it: `make collection` builds straggler-fleet-<version>.tar.gz,
+`ansible-galaxy collection install` puts it in an empty collections path, and a controller that has
+only ansible-core plus what the collection declares (its requirements.txt, and the agent wheel it
+carries) uses it from a directory outside the repository.
+
+What a user would notice: everything is in the tarball (plugins, both roles, the playbooks, the
+agent wheel and BPF sources, LICENSE, changelog, runtime and execution-environment metadata), and
+nothing in it drifts from the repository's sources; `ansible-doc` documents every plugin and both
+roles; the playbooks parse as `straggler.fleet.<name>`. (Running them against hosts is
+tests/test_playbooks.py, which uses the same installed collection.)"""
+import json
+import re
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from galaxy_helpers import COLLECTION_SRC, PLAYBOOKS, REPO, build_collection, install_collection  # tests/
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    return build_collection(tmp_path_factory.mktemp("dist"))
+
+
+@pytest.fixture(scope="module")
+def installed(built, tmp_path_factory):
+    root = tmp_path_factory.mktemp("user")    # under /tmp: outside the repository, no ansible.cfg
+    return install_collection(Path(built["collection"]), root)
+
+
+def _source_files(top: Path):
+    return {str(p.relative_to(top)) for p in top.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc")}
+
+
+def test_the_tarball_holds_everything_a_user_needs_and_matches_the_sources(built):
+    with tarfile.open(built["collection"]) as tar:
+        members = {m.name: m for m in tar.getmembers() if m.isfile()}
+        for name in ("LICENSE", "CHANGELOG.md", "README.md", "requirements.txt", "meta/runtime.yml",
+                     "meta/execution-environment.yml", "MANIFEST.json", "FILES.json"):
+            assert name in members, name
+        # nothing drifts: every source file of the plugins, roles and playbooks is in it, byte for byte
+        for prefix, top in (("plugins", COLLECTION_SRC / "plugins"), ("roles", REPO / "roles"),
+                            ("playbooks", REPO / "playbooks")):
+            for rel in sorted(_source_files(top)):
+                member = f"{prefix}/{rel}"
+                assert member in members, f"{member} missing from the tarball"
+                assert tar.extractfile(member).read() == (top / rel).read_bytes(), f"{member} differs from {top / rel}"
+        wheels = [n for n in members if n.endswith(".whl")]
+        bpf = {Path(n).name for n in members if "/files/bpf/" in n}
+        manifest = json.loads(tar.extractfile("MANIFEST.json").read())
+    version = [line.split("=", 1)[1].strip().strip('"') for line in (REPO / "pyproject.toml").read_text().splitlines()
+               if line.startswith("version")][0]
+    assert len(wheels) == 1 and Path(wheels[0]).name == f"straggler-{version}-py3-none-any.whl", wheels
+    assert bpf == {p.name for p in (REPO / "bpf").glob("*.c")} | {p.name for p in (REPO / "bpf").glob("*.h")}
+    assert manifest["collection_info"]["license"] == ["GPL-3.0-or-later"]
+    assert not [n for n in members if n.startswith("tests/") or "/__pycache__/" in n]
+
+
+def test_ansible_doc_documents_every_plugin_and_both_roles_from_outside_the_repository(installed):
+    env, root, venv = installed["env"], installed["root"], installed["venv"]
+    doc = str(venv / "bin" / "ansible-doc")
+    kinds = {"module": sorted(p.stem for p in (installed["path"] / "plugins" / "modules").glob("*.py")),
+             "callback": ["summary"]}
+    for kind, names in kinds.items():
+        proc = subprocess.run([doc, "-t", kind, "--json"] + [f"straggler.fleet.{n}" for n in names], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        docs = json.loads(proc.stdout)
+        for name in names:
+            entry = docs[f"straggler.fleet.{name}"]["doc"]
+            assert entry.get("short_description") and entry.get("description"), (kind, name)
+    roles = sorted(p.name for p in (installed["path"] / "roles").iterdir())
+    assert len(roles) == 2, roles
+    for role in roles:
+        proc = subprocess.run([doc, "-t", "role", f"straggler.fleet.{role}"], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and re.search(r"ENTRY POINT: \W*main\W", proc.stdout), proc.stdout + proc.stderr
+
+
+def test_the_playbooks_parse_as_collection_playbooks_and_the_controller_imports_the_core(installed):
+    env, root, venv = installed["env"], installed["root"], installed["venv"]
+    inventory = root / "inventory.ini"
+    inventory.write_text("[gpu]\nnode-a ansible_host=192.0.2.1\n")
+    for name in PLAYBOOKS:
+        proc = subprocess.run([str(venv / "bin" / "ansible-playbook"), "-i", str(inventory), "--syntax-check",
+                               f"straggler.fleet.{name}"], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, (name, proc.stdout + proc.stderr)
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", "import straggler.pki, straggler.analysis.export, "
+                           "straggler.fleet.client; print(straggler.__file__)"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and str(venv) in proc.stdout, proc.stderr
