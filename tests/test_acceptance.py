@@ -69,7 +69,7 @@ def field_case(testbed, tmp_path_factory):
     finally:
         demo.stop_job()
         try:  # leave the shared test bed's hosts as we found them for the tests after us: agents stopped,
-            # their files gone (directly: trace.yml state=absent is tested by test_playbooks, and costs 40 s)
+            # their files gone (directly: trace.yml straggler_agent_state=absent is tested by test_playbooks, and costs 40 s)
             for name in live:
                 testbed.exec(name, ["sh", "-c", "[ -x /opt/straggler/bin/straggler-agentctl ] && "
                                                 "/usr/bin/python3 /opt/straggler/bin/straggler-agentctl stop; "

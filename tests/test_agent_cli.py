@@ -78,3 +78,32 @@ def test_help_documents_the_record_rule_and_the_ready_signal():
     text = " ".join(proc.stdout.split())
     assert "--record-all" in text and "--slow-factor" in text and "1-in---sample" in text
     assert "straggler: tracing (N probes) node=NODE db=PATH" in text
+
+
+@pytest.mark.parametrize("text, seconds", [("300", 300.0), ("90s", 90.0), ("5m", 300.0), ("1h", 3600.0),
+                                           ("1.5h", 5400.0), ("2d", 172800.0), (" 10 M ", 600.0), ("0", 0.0),
+                                           (".5s", 0.5), (42, 42.0), (2.5, 2.5)])
+def test_durations_take_seconds_or_a_unit(text, seconds):
+    from straggler.durations import parse_duration
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["5 minutes", "5x", "m", "", "-5", "1h30m", "inf", True, float("nan"), -1])
+def test_a_bad_duration_is_one_line_naming_the_option(text):
+    from straggler.durations import parse_duration
+    with pytest.raises(StragglerError, match="^--max-age "):
+        parse_duration(text, "--max-age")
+
+
+def test_the_role_checks_the_duration_with_the_parsers_own_pattern():
+    """The role straggler_agent validates straggler_agent_duration (tasks/main.yml) with the same
+    regular expression as the agent's parser (vars/main.yml), so a value the role accepts is one the
+    agent accepts."""
+    from pathlib import Path
+    from straggler.durations import DURATION_PATTERN
+    role_vars = (Path(__file__).resolve().parents[1] / "roles" / "straggler_agent" / "vars" / "main.yml").read_text()
+    assert f"__straggler_agent_duration_pattern: '{DURATION_PATTERN}'" in role_vars
+
+
+def test_trace_refuses_a_bad_duration_in_one_line(tmp_path):
+    assert_one_line_error(trace("--duration", "5 minutes", "--db", str(tmp_path / "t.db")), "--duration", "5m")

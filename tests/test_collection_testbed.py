@@ -72,7 +72,7 @@ PLAYBOOK = """
         dest: "{{{{ out }}}}/results.json"
         content: >-
           {{{{ dict(merge=straggler_merge, report=straggler_report,
-                    clock=dict(groups['live'] | zip(groups['live'] | map('extract', hostvars, 'straggler_clock')))) | to_json }}}}
+                    clock=dict(groups['live'] | zip(groups['live'] | map('extract', hostvars, ['ansible_facts', 'straggler_clock'])))) | to_json }}}}
 """
 
 

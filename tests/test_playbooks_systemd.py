@@ -1,6 +1,6 @@
 """The agent role's systemd path, on a test-bed host that boots real systemd (systemd-nspawn from a
 cached Debian root file system): trace.yml installs the hardened unit, systemd runs it, and the
-API answers over mutual TLS 1.3; state=absent removes the unit.
+API answers over mutual TLS 1.3; straggler_agent_state=absent removes the unit.
 
 A labelled stand-in: systemd-nspawn drops the BPF capabilities and the container has no BCC, so
 the unit here runs the agent's API half, `straggler serve` (over a database made from the real
@@ -91,7 +91,7 @@ def test_role_runs_the_agent_as_a_hardened_systemd_unit(systemd_testbed, work, t
     assert again.rc == 0 and again.recap[HOST]["changed"] == 0, again.explain()
     assert systemctl_show(bed, "ExecMainPID")["ExecMainPID"] == state["ExecMainPID"], "restarted without a change"
 
-    absent = run_playbook(bed, work, "trace.yml", limit=HOST, state="absent", **stand_in)
+    absent = run_playbook(bed, work, "trace.yml", limit=HOST, straggler_agent_state="absent", **stand_in)
     assert absent.rc == 0, absent.explain()
     gone = systemctl_show(bed, "LoadState", "ActiveState")
     assert gone["LoadState"] == "not-found" and gone["ActiveState"] == "inactive", gone

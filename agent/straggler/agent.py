@@ -25,6 +25,7 @@ import sys
 import time
 
 from . import __version__
+from .durations import parse_duration
 from .errors import StragglerError, UsageError
 from .probes import RECORD_RULE
 
@@ -39,7 +40,9 @@ def add_arguments(parser):
                      "SIGTERM/SIGINT: flush and exit 0. Needs root.")
     parser.add_argument("--node", help="node name stamped on every event (default: the hostname; no ':')")
     parser.add_argument("--db", default=DEFAULT_DB, help=f"SQLite database (default {DEFAULT_DB})")
-    parser.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: until SIGTERM/SIGINT)")
+    parser.add_argument("--duration", metavar="TIME",
+                        help="stop after this long: seconds (300) or with a unit (90s, 5m, 1h, 2d) "
+                             "(default: until SIGTERM/SIGINT)")
     parser.add_argument("--pid", type=int, action="append", default=[], metavar="PID",
                         help="trace this process and its children (repeatable)")
     parser.add_argument("--comm", action="append", default=[], metavar="PATTERN",
@@ -67,7 +70,7 @@ def add_arguments(parser):
     parser.add_argument("--max-db", default="1G", metavar="BYTES",
                         help="keep the database (with its WAL) under this size, dropping the oldest whole intervals "
                              "(default 1G; K/M/G suffixes; 0: no limit)")
-    parser.add_argument("--max-age", type=float, metavar="S", help="drop data older than S seconds")
+    parser.add_argument("--max-age", metavar="TIME", help="drop data older than this: seconds or 90s, 5m, 1h, 2d")
     parser.add_argument("--ringbuf-kb", type=int, default=8192, metavar="KB",
                         help="size of the ring buffer for calls (default 8192)")
     parser.add_argument("--sys-ringbuf-kb", type=int, default=4096, metavar="KB",
@@ -93,7 +96,7 @@ class Options:
             raise UsageError(f"--node {self.node!r}: a node name must be non-empty, without ':' or spaces "
                              "(event ids are NODE:SEQ)")
         self.db = args.db
-        self.duration = args.duration
+        self.duration = parse_duration(args.duration, "--duration") if args.duration is not None else None
         self.pids = list(args.pid)
         for pid in self.pids:
             if not os.path.exists(f"/proc/{pid}"):
@@ -121,7 +124,8 @@ class Options:
         self.rescan_s = args.rescan
         max_db = parse_size(args.max_db)
         self.max_db = max_db or None
-        self.max_age_ns = int(args.max_age * 1e9) if args.max_age else None
+        max_age = parse_duration(args.max_age, "--max-age") if args.max_age is not None else None
+        self.max_age_ns = int(max_age * 1e9) if max_age else None
         self.ringbuf_kb = args.ringbuf_kb
         self.sys_ringbuf_kb = args.sys_ringbuf_kb
         self.listen = args.listen

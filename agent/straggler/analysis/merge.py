@@ -33,6 +33,7 @@ This module must not modify its inputs and must not talk to the network.
 """
 import argparse
 import bisect
+import hashlib
 import json
 import math
 import os
@@ -445,6 +446,10 @@ def _q(text):
     return "'" + str(text).replace("'", "''") + "'"
 
 
+def _ident(name):
+    return '"' + str(name).replace('"', '""') + '"'
+
+
 def _as_int(value):
     """An integer column value as int (an integral-valued or finite REAL is truncated); None for
     anything else (text, blob, NULL, inf)."""
@@ -587,8 +592,60 @@ def _copy_input(conn, path, plan, offsets, summary, aligner):
             pass                               # the output is discarded anyway after an error
 
 
-def merge(inputs, output, offsets=None, rename=False, deadline_s=DEFAULT_DEADLINE_S, expected_nodes=None):
-    """Merge node databases `inputs` into `output` (atomically). Returns a summary dict.
+def content_digest(path):
+    """A digest of what a merged database holds: its schema and every row of every table, in rowid
+    order, leaving out the two stamps of when a merge ran (meta `merged_at`, and `measured_at` of
+    the clock_offsets rows a merge adds for offsets it was given). Two merges of the same inputs with
+    the same offsets have the same digest. Read-only."""
+    digest = hashlib.sha256()
+    conn = sqlite3.connect(_ro_uri(path), uri=True)
+    try:
+        _harden(conn, read_only=True)
+        objects = conn.execute("SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' "
+                               "ORDER BY type, name").fetchall()
+        for kind, name, sql in objects:
+            digest.update(repr((kind, name, sql)).encode())
+            if kind != "table":
+                continue
+            if name == "meta":
+                rows = conn.execute("SELECT key, value FROM meta WHERE key != 'merged_at' ORDER BY key")
+            elif name == "clock_offsets":
+                exprs = [f"CASE WHEN method = 'merge' THEN NULL ELSE {_ident(c)} END" if c == "measured_at"
+                         else _ident(c) for c in _columns(conn, "main", _ident(name))]
+                rows = conn.execute(f"SELECT {', '.join(exprs)} FROM {_ident(name)} ORDER BY rowid")
+            else:
+                rows = conn.execute(f"SELECT * FROM {_ident(name)} ORDER BY rowid")
+            for row in rows:
+                digest.update(repr(row).encode())
+    finally:
+        conn.close()
+    return digest.hexdigest()
+
+
+def _same_content(new, old):
+    """Whether the merged database `new` holds what `old` (an existing output) holds; False when
+    `old` cannot be read as a straggler database (it is then replaced)."""
+    try:
+        counts = []
+        for path in (new, old):
+            conn = sqlite3.connect(_ro_uri(path), uri=True)
+            try:
+                _harden(conn, read_only=True)
+                counts.append([conn.execute(f"SELECT COUNT(*) FROM {_ident(t)}").fetchone()[0]
+                               for t in ("meta",) + NODE_TABLES])
+            finally:
+                conn.close()
+        if counts[0] != counts[1]:                     # the cheap answer first
+            return False
+        return content_digest(new) == content_digest(old)
+    except sqlite3.Error:
+        return False
+
+
+def merge(inputs, output, offsets=None, rename=False, deadline_s=DEFAULT_DEADLINE_S, expected_nodes=None,
+          only_if_changed=False):
+    """Merge node databases `inputs` into `output` (atomically). Returns a summary dict, whose
+    `changed` says whether `output` was written.
 
     offsets: {node: (offset_ns, uncertainty_ns)} measured realtime offsets (node minus
     reference); nodes not in it use their input's clock_offsets, else 0 (reported).
@@ -599,6 +656,8 @@ def merge(inputs, output, offsets=None, rename=False, deadline_s=DEFAULT_DEADLIN
     stops with MergeError and writes nothing.
     expected_nodes: {input path: node name}: such an input must hold exactly that node (the
     host it was collected from), else it is refused.
+    only_if_changed: when `output` exists and holds what this merge would write (content_digest:
+    every row, leaving out the stamps of when a merge ran), leave it as it is (`changed` False).
     """
     started = time.monotonic()
     deadline = Deadline(deadline_s)
@@ -633,7 +692,7 @@ def merge(inputs, output, offsets=None, rename=False, deadline_s=DEFAULT_DEADLIN
 
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(output)}.", suffix=".tmp", dir=out_dir)
     os.close(fd)
-    summary = dict(output=output, inputs=[], nodes=[], rows={}, clock_alignment={}, elapsed_s=None)
+    summary = dict(output=output, inputs=[], nodes=[], rows={}, clock_alignment={}, elapsed_s=None, changed=None)
     conn = None
     try:
         os.chmod(tmp, 0o600)                           # processes.cmdline may hold secrets
@@ -691,10 +750,15 @@ def merge(inputs, output, offsets=None, rename=False, deadline_s=DEFAULT_DEADLIN
         conn = None
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
-        for suffix in ("-wal", "-shm"):                # stale files of an old output would be replayed
-            if os.path.exists(output + suffix):
-                os.unlink(output + suffix)
-        os.replace(tmp, output)
+        deadline.where = f"comparing with {output}"
+        if only_if_changed and os.path.isfile(output) and _same_content(tmp, output):
+            summary["changed"] = False                 # the temporary is removed below
+        else:
+            for suffix in ("-wal", "-shm"):            # stale files of an old output would be replayed
+                if os.path.exists(output + suffix):
+                    os.unlink(output + suffix)
+            os.replace(tmp, output)
+            summary["changed"] = True
     except MergeError:
         raise
     except sqlite3.Error as exc:

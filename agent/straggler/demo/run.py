@@ -201,7 +201,10 @@ class Demo:
         return self.command(argv, name, timeout_s=timeout_s, ok_codes=ok_codes, show=show)
 
     def pki_vars(self, **more):
-        return dict(straggler_pki_dir=str(self.pki_dir), **more)
+        """The fleet CA and the wheel cache in this demo's own directories (self-contained: nothing
+        under ~/.local/share/straggler), and the playbook variables `more`."""
+        return dict(straggler_pki_dir=str(self.pki_dir), straggler_agent_wheel_cache=str(REPO_ROOT / "build" / "wheels"),
+                    **more)
 
     def tls_args(self):
         return ["--ca", self.pki_dir / "ca.crt", "--cert", self.pki_dir / "controller.crt",
@@ -210,11 +213,11 @@ class Demo:
     # ---------------------------------------------------------------- phases
     def deploy_agents(self, limit=None, ok_codes=(0,)):
         """trace.yml: PKI, agent install, tracing started (--scope netns) on every host."""
-        return self.playbook("trace.yml", "trace", self.pki_vars(scope="netns"), limit=limit or self.hosts,
+        return self.playbook("trace.yml", "trace", self.pki_vars(straggler_agent_scope="netns"), limit=limit or self.hosts,
                              ok_codes=ok_codes, timeout_s=420)
 
     def stop_agents(self, limit=None):
-        return self.playbook("trace.yml", "trace-stop", self.pki_vars(state="stopped", scope="netns"),
+        return self.playbook("trace.yml", "trace-stop", self.pki_vars(straggler_agent_state="stopped", straggler_agent_scope="netns"),
                              limit=limit or self.hosts, ok_codes=(0, 4), timeout_s=180, show=None)
 
     def start_job(self, seconds, with_writer, writer_seconds=None, trainer_args="",
@@ -323,7 +326,7 @@ class Demo:
         """fleet_query.yml with the SQL; returns (command result, the results file as a dict)."""
         results_dir = self.out / "results"
         before = set(results_dir.glob("*.json")) if results_dir.exists() else set()
-        result = self.playbook("fleet_query.yml", name, self.pki_vars(sql=sql, results_dir=str(results_dir)),
+        result = self.playbook("fleet_query.yml", name, self.pki_vars(straggler_sql=sql, straggler_results_dir=str(results_dir)),
                                limit=limit or self.hosts, ok_codes=ok_codes, timeout_s=180, show=None)
         new = sorted(set(results_dir.glob("*.json")) - before)
         if not new:
@@ -343,7 +346,7 @@ class Demo:
         return text, report
 
     def collect(self, limit=None, ok_codes=(0,), name="collect"):
-        return self.playbook("collect.yml", name, self.pki_vars(out=str(self.out)), limit=limit or self.hosts,
+        return self.playbook("collect.yml", name, self.pki_vars(straggler_out=str(self.out)), limit=limit or self.hosts,
                              ok_codes=ok_codes, timeout_s=240, show=None)
 
 
@@ -482,7 +485,7 @@ def teardown_testbed(testbed, bed, progress, attempts=6, pause_s=10.0):
 
 def run_story(demo, args):
     p = demo.progress
-    p.step("ansible-playbook playbooks/trace.yml -e scope=netns   (fleet CA + mTLS certificates, agent install, eBPF tracing)")
+    p.step("ansible-playbook playbooks/trace.yml -e straggler_agent_scope=netns   (fleet CA + mTLS certificates, agent install, eBPF tracing)")
     result = demo.deploy_agents()
     p.info(_recap(result.output))
     p.info(f"trace.yml done in {result.seconds:.0f}s")
@@ -507,7 +510,7 @@ def run_story(demo, args):
     p.raw(table_text(*stats.table()))
     p.info("which node? nothing in the step times says: the job is synchronous. The agents' stores do:")
 
-    p.step("ansible-playbook playbooks/fleet_query.yml -e 'sql=\"" + FIELD_SQL + "\"'")
+    p.step("ansible-playbook playbooks/fleet_query.yml -e 'straggler_sql=\"" + FIELD_SQL + "\"'")
     result, _ = demo.fleet_query()
     p.raw(_table_part(result.output))
 
@@ -516,7 +519,7 @@ def run_story(demo, args):
     p.raw(_strip_command_line(text.output))
     p.info(f"the SQL behind every number: {demo.logs / 'explain.json'} (and demo-output/explain.md after collect)")
 
-    p.step("ansible-playbook playbooks/collect.yml -e out=demo-output   (the air-gapped path: snapshots over SSH, "
+    p.step("ansible-playbook playbooks/collect.yml -e straggler_out=demo-output   (the air-gapped path: snapshots over SSH, "
            "merge, explain, Perfetto export)")
     result = demo.collect()
     p.info(_recap(result.output))

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build the straggler agent's wheel on the controller, once per change of its sources.
 
-Run by the Ansible role `agent` (run_once, on the controller) as
+Run by the Ansible role `straggler_agent` (run_once, on the controller) as
     python build_wheel.py --source REPO --cache DIR
 It hashes the files that make the package (pyproject.toml, setup.cfg/setup.py/MANIFEST.in if any,
 agent/ and bpf/), and when DIR/<hash>/ holds no wheel yet it copies those files to a private

@@ -59,14 +59,16 @@ def expand_sources(sources, absent=None):
 
 def offsets_from_clock_facts(task_vars, hosts):
     """{inventory_hostname: {offset_ns, uncertainty_ns}} from each host's straggler_clock fact
-    (set by straggler.fleet.clock_facts); hosts without the fact are left out and listed."""
+    (set by straggler.fleet.clock_facts; read from ansible_facts, else from the top-level variable
+    that INJECT_FACTS_AS_VARS makes of it); hosts without the fact are left out and listed."""
     offsets = {}
     without = []
     for host in hosts:
-        fact = hostvar(task_vars, host, 'straggler_clock')
+        # ansible_facts first: the top-level copy is gone where INJECT_FACTS_AS_VARS is off
+        facts = hostvar(task_vars, host, 'ansible_facts') or {}
+        fact = facts.get('straggler_clock') if hasattr(facts, 'get') else None
         if not fact:
-            facts = hostvar(task_vars, host, 'ansible_facts') or {}
-            fact = facts.get('straggler_clock') if hasattr(facts, 'get') else None
+            fact = hostvar(task_vars, host, 'straggler_clock')
         if fact and hasattr(fact, 'get') and fact.get('offset_ns') is not None:
             offsets[str(host)] = dict(offset_ns=int(fact.get('offset_ns')), uncertainty_ns=int(fact.get('uncertainty_ns') or 0))
         else:
@@ -132,15 +134,21 @@ class ActionModule(ActionBase):
         merge = import_core('analysis.merge')
         try:
             os.makedirs(os.path.dirname(dest), exist_ok=True)
+            # changed only when the output changed: the core leaves an existing output that holds the
+            # same rows as it is
             summary = merge.merge(inputs, dest, offsets=offsets or None, rename=rename, deadline_s=args['deadline'],
                                   expected_nodes=expected_nodes_of(task_vars, inputs, args['expect_nodes_from_hosts'],
-                                                                   plain(args['expect_nodes'] or {})))
+                                                                   plain(args['expect_nodes'] or {})),
+                                  only_if_changed=True)
         except core_error_types() as exc:
             raise AnsibleActionFail('merge failed: %s' % exc) from None
         summary = plain(summary)
-        result.update(changed=True, summary=summary, nodes=summary.get('nodes', []),
+        result.update(changed=summary.get('changed') is not False, summary=summary, nodes=summary.get('nodes', []),
                       unaligned=summary.get('unaligned', []), offset_unknown=summary.get('offset_unknown', []))
         result['msg'] = 'merged %d databases (%d nodes) into %s' % (len(inputs), len(result['nodes']), dest)
+        if not result['changed']:
+            result['msg'] += ' (unchanged: it already held exactly these rows)'
+
         if result['unaligned']:
             result['msg'] += '; no clock pairs (ts_aligned NULL): %s' % ', '.join(result['unaligned'])
         if result['offset_unknown']:

@@ -49,7 +49,7 @@ def find_straggler_bin(module, requested=None):
         return found
     raise AgentCliError(
         'the straggler agent CLI was not found (looked at %s, beside %s and on PATH): '
-        'deploy the agent on this host (role straggler agent) or set straggler_bin' % (DEFAULT_STRAGGLER_BIN, sys.executable))
+        'deploy the agent on this host (role straggler_agent) or set straggler_bin' % (DEFAULT_STRAGGLER_BIN, sys.executable))
 
 
 def error_line(stderr, stdout=''):

@@ -91,7 +91,7 @@ seealso:
 EXAMPLES = r"""
 - name: Fetch every host's database to the controller
   straggler.fleet.collect:
-    dest: "{{ playbook_dir }}/../results/collected"
+    dest: ~/.local/share/straggler/results/collected
 
 - name: Snapshot on a roomier file system
   straggler.fleet.collect:

@@ -21,6 +21,8 @@ description:
     else 0 (reported in RV(offset_unknown))."
   - The output is written to a temporary file and renamed into place; on failure nothing is left behind.
     It is mode 0600 (the nodes' process command lines are in it).
+  - Reports C(changed) only when the output changed - an existing O(dest) that already holds exactly the rows this
+    merge would write (every table compared, leaving out the time stamps of the merge itself) is left as it is.
   - "The inputs are treated as untrusted (they come from the hosts): an input is refused, with a one-line message
     naming it, when an object the merge reads (C(meta) or a node table) is a view, a virtual table or has a
     generated column, when it holds a trigger, when a C(meta) value the merge uses has the wrong type (for
@@ -83,20 +85,11 @@ options:
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
+  - straggler.fleet.controller
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: full
   check_mode:
     support: full
     details: Lists the inputs and offsets; writes nothing.
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
 seealso:
   - module: straggler.fleet.collect
   - module: straggler.fleet.clock_facts

@@ -95,3 +95,23 @@ def test_check_mode_merges_nothing(action_factory, collected, tmp_path):
     dest = tmp_path / 'cluster.db'
     result = action_factory(ActionModule, dict(src=[str(collected)], dest=str(dest)), check_mode=True).run(task_vars={})
     assert result['changed'] is True and len(result['inputs']) == 2 and not dest.exists()
+
+
+def test_merge_reports_changed_only_when_the_output_changed(action_factory, collected, tmp_path):
+    dest = tmp_path / 'cluster.db'
+    args = dict(src=[str(collected)], dest=str(dest), offsets=dict(gpu1=dict(offset_ns=5, uncertainty_ns=1)))
+    first = action_factory(ActionModule, dict(args)).run(task_vars={})
+    assert first['changed'] is True and dest.exists()
+    stat = dest.stat()
+    again = action_factory(ActionModule, dict(args)).run(task_vars={})
+    assert again['changed'] is False, again
+    assert 'unchanged' in again['msg']
+    assert (dest.stat().st_ino, dest.stat().st_mtime_ns) == (stat.st_ino, stat.st_mtime_ns)   # not rewritten
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith('.tmp')]                       # no temporary left
+    # another offset changes ts_aligned: written again
+    other = dict(args, offsets=dict(gpu1=dict(offset_ns=7, uncertainty_ns=1)))
+    assert action_factory(ActionModule, other).run(task_vars={})['changed'] is True
+    # new rows in an input: written again
+    make_node_db(collected / 'gpu3.db', node='gpu3')
+    assert action_factory(ActionModule, dict(other)).run(task_vars={})['changed'] is True
+    assert action_factory(ActionModule, dict(other)).run(task_vars={})['changed'] is False

@@ -1,0 +1,118 @@
+"""The playbooks and roles on this machine alone (local connection, check mode, no test bed): what
+they read from the inventory and how the role checks its arguments. Fast; the real deployments are
+in tests/test_playbooks.py (the multi-host test bed)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+HOST_PYTHON = "/usr/bin/python3"
+
+
+def ansible_playbook(*args, cwd=REPO, timeout=300, **more_env):
+    # the repository's ansible.cfg (roles_path, collections_path), as a user runs them
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
+               PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}", **more_env)
+    env.pop("ANSIBLE_STDOUT_CALLBACK", None)
+    return subprocess.run([str(VENV_BIN / "ansible-playbook"), *map(str, args)], cwd=str(cwd), env=env,
+                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def shown(proc):
+    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-8000:]}\n--- stderr\n{proc.stderr[-4000:]}"
+
+
+def test_unprefixed_inventory_variables_do_not_change_what_trace_yml_does(tmp_path):
+    """An inventory whose group sets `state=absent` (and other short names the playbooks once read)
+    still gets the agent installed and started: trace.yml reads only straggler_* variables. In check
+    mode on this machine, with a stand-in wheel (nothing is installed; the fleet CA goes to tmp)."""
+    (tmp_path / "inventory.ini").write_text(textwrap.dedent(f"""\
+        [gpu]
+        localhost ansible_connection=local ansible_python_interpreter={HOST_PYTHON}
+        [gpu:vars]
+        state=absent
+        duration=5x
+        scope=bogus
+        target=nowhere
+        """))
+    wheel = tmp_path / "straggler-0.0.0-py3-none-any.whl"
+    wheel.write_bytes(b"stand-in: check mode installs nothing")
+    extra = dict(straggler_pki_dir=str(tmp_path / "pki"), straggler_pki_tls_dir=str(tmp_path / "host" / "tls"),
+                 straggler_agent_wheel=str(wheel), straggler_agent_venv=str(tmp_path / "host" / "venv"),
+                 straggler_agent_db=str(tmp_path / "host" / "straggler.db"), straggler_agent_install_packages=False,
+                 straggler_agent_mount_tracefs=False, straggler_agent_verify_bcc=False,
+                 straggler_agent_service_mode="supervised", straggler_agent_duration="5m")
+    proc = ansible_playbook("-i", tmp_path / "inventory.ini", "playbooks/trace.yml", "--check", "-e", json.dumps(extra))
+    assert proc.returncode == 0, shown(proc)
+    out = proc.stdout
+    assert "present.yml for localhost" in out, shown(proc)          # the agent role's install path
+    assert "absent.yml for localhost" not in out and "stop.yml for localhost" not in out, shown(proc)
+    assert "TASK [straggler_pki : Issue the host's certificate" in out, shown(proc)
+    assert re.search(r"TASK \[straggler_pki : Remove the TLS files from the host\] \**\nskipping: \[localhost\]", out), \
+        shown(proc)
+    assert re.search(r"TASK \[Remove the TLS files\] \**\nskipping: \[localhost\]", out), shown(proc)
+    assert "1 of 1 hosts tracing" in out, shown(proc)
+    assert (tmp_path / "pki" / "ca.crt").exists()                  # the controller side runs in check mode
+    assert not (tmp_path / "host").exists()                        # the host side does not
+
+
+def test_the_agent_role_refuses_a_duration_the_agent_cannot_read(tmp_path):
+    playbook = tmp_path / "playbook.yml"
+    playbook.write_text(textwrap.dedent("""\
+        - name: the role's argument check only
+          hosts: localhost
+          gather_facts: false
+          tasks:
+            - name: include the role
+              ansible.builtin.include_role:
+                name: straggler_agent
+        """))
+    proc = ansible_playbook(playbook, "-i", "localhost,", "-c", "local", "--check",
+                            "-e", json.dumps(dict(straggler_agent_duration="5 minutes")), "-e", f"ansible_python_interpreter={HOST_PYTHON}")
+    assert proc.returncode == 2, shown(proc)
+    assert "TASK [straggler_agent : Check straggler_agent_duration" in proc.stdout, shown(proc)
+    assert "straggler_agent_duration \\\"5 minutes\\\": give seconds (300)" in proc.stdout \
+        or 'straggler_agent_duration "5 minutes": give seconds (300)' in proc.stdout, shown(proc)
+
+
+def test_the_agent_role_installs_the_wheel_and_bpf_sources_bundled_with_it(tmp_path):
+    """As in the built collection: files/wheels/straggler-*.whl and files/bpf/ inside the role are
+    used, nothing is built on the controller (the source directory given does not exist)."""
+    roles = tmp_path / "roles"
+    shutil.copytree(REPO / "roles" / "straggler_agent", roles / "straggler_agent")
+    (roles / "straggler_agent" / "files" / "wheels").mkdir()
+    (roles / "straggler_agent" / "files" / "wheels" / "straggler-9.9.9-py3-none-any.whl").write_bytes(b"stand-in")
+    (roles / "straggler_agent" / "files" / "bpf").mkdir()
+    (roles / "straggler_agent" / "files" / "bpf" / "cuda.c").write_text("// stand-in\n")
+    playbook = tmp_path / "playbook.yml"
+    playbook.write_text(textwrap.dedent("""\
+        - name: the role with bundled files
+          hosts: localhost
+          gather_facts: false
+          tasks:
+            - name: include the role
+              ansible.builtin.include_role:
+                name: straggler_agent
+        """))
+    extra = dict(straggler_agent_source_dir=str(tmp_path / "no-checkout"), straggler_agent_wheel_cache=str(tmp_path / "wheels"),
+                 straggler_agent_venv=str(tmp_path / "host" / "venv"), straggler_agent_db=str(tmp_path / "host" / "s.db"),
+                 straggler_agent_install_packages=False, straggler_agent_mount_tracefs=False,
+                 straggler_agent_verify_bcc=False, straggler_agent_service_mode="supervised", straggler_agent_tls=False,
+                 ansible_python_interpreter=HOST_PYTHON)
+    proc = ansible_playbook(playbook, "-i", "localhost,", "-c", "local", "--check", "-e", json.dumps(extra),
+                            ANSIBLE_ROLES_PATH=str(roles))
+    assert proc.returncode == 0, shown(proc)
+    out = proc.stdout
+    assert re.search(r"TASK \[straggler_agent : Build the agent wheel[^\n]*\nskipping: \[localhost\]", out), shown(proc)
+    assert "TASK [straggler_agent : Use a ready wheel (bundled with the role)]" in out, shown(proc)
+    assert re.search(r"TASK \[straggler_agent : Copy the agent wheel\] \**\nchanged: \[localhost\]", out), shown(proc)
+    assert re.search(r"TASK \[straggler_agent : Copy the BPF sources[^\n]*\nchanged: \[localhost\]", out), shown(proc)
+    assert not (tmp_path / "wheels").exists() and not (tmp_path / "host").exists()
