@@ -126,3 +126,17 @@ def systemd_testbed():
             testbed_lib.down(bed.id, bed.state_dir, _lock_held=True)
     finally:
         lock.release()
+
+
+@pytest.fixture(scope="session")
+def installed_collection(tmp_path_factory):
+    """The collection as a user has it, built once for the session (tests/galaxy_helpers.py): the
+    tarball `make collection` makes, installed with ansible-galaxy under /tmp (outside the repository)
+    for the collection users' controller venv, with the agent wheel it carries installed there.
+    A dict: env, path (the installed collection), venv, root (a working directory), built (the build's summary)."""
+    from galaxy_helpers import build_collection, install_collection
+    root = tmp_path_factory.mktemp("collection")
+    built = build_collection(root / "dist")
+    installed = install_collection(Path(built["collection"]), root / "user")
+    installed["built"] = built
+    return installed

@@ -16,18 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from galaxy_helpers import COLLECTION_SRC, PLAYBOOKS, REPO, build_collection, install_collection  # tests/
+from galaxy_helpers import COLLECTION_SRC, PLAYBOOKS, REPO  # tests/
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    return build_collection(tmp_path_factory.mktemp("dist"))
+def built(installed_collection):
+    return installed_collection["built"]
 
 
 @pytest.fixture(scope="module")
-def installed(built, tmp_path_factory):
-    root = tmp_path_factory.mktemp("user")    # under /tmp: outside the repository, no ansible.cfg
-    return install_collection(Path(built["collection"]), root)
+def installed(installed_collection):
+    return installed_collection
 
 
 def _source_files(top: Path):

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from galaxy_helpers import build_collection, install_collection  # tests/
 from pftrace_replay import Replay  # tests/pftrace_replay.py
 
 REPO = Path(__file__).resolve().parent.parent
@@ -66,18 +65,20 @@ def parse_recap(stdout: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory, testbed):
-    """The collection as a user has it: built from the sources (`make collection`), installed with
-    ansible-galaxy into an empty collections path, run by a controller venv that has only ansible-core
-    plus what the collection declares, from a directory outside the repository (no ansible.cfg of
-    ours, no roles_path: the roles come from the collection). Private PKI, wheel cache and results."""
-    root = tmp_path_factory.mktemp("playbooks")
-    built = build_collection(root / "dist")
-    user = install_collection(Path(built["collection"]), root / "user")
+def work(tmp_path_factory, testbed, installed_collection):
+    return collection_work(tmp_path_factory.mktemp("playbooks"), testbed, installed_collection)
+
+
+def collection_work(root: Path, testbed, user: dict) -> Path:
+    """A work directory for run_playbook: the collection as a user has it (conftest's
+    installed_collection: built from the sources, installed with ansible-galaxy, run by a controller
+    venv that has only ansible-core plus what the collection declares, from a directory outside the
+    repository: no ansible.cfg of ours, no roles_path, the roles come from the collection), with the
+    test bed's connection settings, and private PKI, wheel cache and results under root."""
     env = testbed.ansible_env(user["env"])
-    # the test bed's connection settings, and nothing that would find the repository's collection or roles
-    env["ANSIBLE_COLLECTIONS_PATH"] = str(root / "user" / "collections")
-    env["ANSIBLE_ROLES_PATH"] = str(root / "user" / "no-roles")
+    # nothing that would find the repository's collection or roles
+    env["ANSIBLE_COLLECTIONS_PATH"] = str(user["path"].parents[2])
+    env["ANSIBLE_ROLES_PATH"] = str(root / "no-roles")
     env["ANSIBLE_CALLBACKS_ENABLED"] = "straggler.fleet.summary"
     (root / "logs").mkdir()
     WORK_ENV[str(root)] = (env, user)

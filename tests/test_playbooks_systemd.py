@@ -14,7 +14,6 @@ Slower than tests/test_playbooks.py (the container boots); marked `systemd`.
 from __future__ import annotations
 
 import json
-import shutil
 import sqlite3
 import ssl
 import subprocess
@@ -23,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from test_playbooks import (AGENT_PORT, REPO, parse_recap, playbook_vars, run_playbook,  # noqa: F401
-                            tls_handshake)
+from test_playbooks import (AGENT_PORT, REPO, collection_work, parse_recap, playbook_vars,  # noqa: F401
+                            run_playbook, tls_handshake)
 
 pytestmark = pytest.mark.systemd
 
@@ -34,15 +33,8 @@ DB = "/var/lib/straggler/straggler.db"
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory, systemd_testbed):
-    root = tmp_path_factory.mktemp("playbooks-systemd")
-    source = root / "source"
-    source.mkdir()
-    shutil.copy2(REPO / "pyproject.toml", source / "pyproject.toml")
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "*.so")
-    for tree in ("agent", "bpf"):
-        shutil.copytree(REPO / tree, source / tree, ignore=ignore)
-    return root
+def work(tmp_path_factory, systemd_testbed, installed_collection):
+    return collection_work(tmp_path_factory.mktemp("playbooks-systemd"), systemd_testbed, installed_collection)
 
 
 def serve_argv(name: str) -> list:
