@@ -164,7 +164,7 @@ def test_a_reader_too_slow_for_a_big_answer_sees_it_cut_short_of_its_length_neve
                 received += more
                 if closed or not more:
                     break
-            time.sleep(6.0)   # a reader that stalls past the answer's deadline
+            time.sleep(4.5)   # a reader that stalls past the answer's deadline (3 s)
             rest, closed = _read_until_closed(sock, 30.0)
             received += rest
         code, answer = _query(certs, handle, "SELECT count(*) FROM events")   # and it goes on serving

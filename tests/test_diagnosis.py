@@ -35,7 +35,7 @@ def harness(testbed, tmp_path_factory):
         h.start_agents(per_host_args=per_host)
         yield h
     finally:
-        h.close(orderly=False)      # the agents' orderly exit is tested in test_agent.py; SIGKILL saves 30 s
+        h.close()
     assert h.leftovers() == []
 
 

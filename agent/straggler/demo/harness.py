@@ -378,14 +378,11 @@ class SyncJobHarness:
         client = TLSOptions(ca=str(ca / "ca.crt"), cert=str(ca / "controller.crt"), key=str(ca / "controller.key"))
         return per_host, nodes, client
 
-    def stop_agents(self, grace_s=60.0, orderly=True):
-        """SIGTERM (they flush and detach their probes: that can take 10+ s), then SIGKILL; with
-        orderly=False SIGKILL at once (what they stored is already committed; the kernel removes
-        their probes with their file descriptors)."""
+    def stop_agents(self, grace_s=60.0):
+        """SIGTERM (they flush and detach their probes: that can take 10+ s), then SIGKILL."""
         procs = list(self.agents.values())
         self.agents = {}
-        left = (stop_procs(procs, grace_s, kill_wait_s=30.0) if orderly
-                else stop_procs(procs, 0.0, sig=signal.SIGKILL, kill_wait_s=30.0))
+        left = stop_procs(procs, grace_s, kill_wait_s=30.0)
         if left:
             raise HarnessError(f"agents on {', '.join(p.host for p in left)} survived SIGKILL "
                                f"(pids {', '.join(str(p.pgid) for p in left)})")
@@ -567,9 +564,8 @@ class SyncJobHarness:
         self.job = []
 
     # ---------------------------------------------------------------- the end
-    def close(self, orderly=True):
-        """Stop the job, the fault processes and the agents (idempotent); orderly=False: the agents
-        get SIGKILL rather than time to detach (a test's teardown, after everything was read)."""
+    def close(self):
+        """Stop the job, the fault processes and the agents (idempotent)."""
         try:
             if self.job:
                 stop_procs(self.job, grace_s=5.0)
@@ -579,7 +575,7 @@ class SyncJobHarness:
                 self.fault_procs = []
         finally:
             if self.agents:
-                self.stop_agents(orderly=orderly)
+                self.stop_agents()
 
     def leftovers(self):
         """Pids of live processes whose command line names this harness's out_dir (none after close())."""

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import tempfile
 
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.text.converters import to_bytes, to_text
 
 SUPPORTED_FORMATS = ('json', 'csv', 'markdown')
+# the installed collection's root (plugins/plugin_utils/ is two levels down): where its wheel and requirements are
+_COLLECTION_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_AGENT_PORT = 7433
 
 
@@ -29,8 +32,10 @@ def import_core(module_name):
         return importlib.import_module(full_name)
     except ImportError as exc:
         raise AnsibleActionFail(
-            'cannot import %s on the controller (%s): install the straggler package into the Python that runs '
-            'ansible (pip install -e <repository>, or make setup)' % (full_name, exc)) from None
+            'cannot import %s on the controller (%s): install the straggler package and the collection\'s '
+            'requirements into the Python that runs ansible (%s): pip install -r %s/requirements.txt '
+            '%s/roles/straggler_agent/files/wheels/straggler-*.whl'
+            % (full_name, exc, sys.executable, _COLLECTION_DIR, _COLLECTION_DIR)) from None
 
 
 def core_error_types():
