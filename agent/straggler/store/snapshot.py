@@ -103,17 +103,15 @@ def _unlink_quietly(path):
         return False
 
 
-def remove_stale_temporaries(directory):
-    """Remove the snapshot temporaries in `directory` whose owner process is gone (see the module
-    docstring), with their -journal/-wal/-shm. Only this user's regular files are touched; errors
-    are ignored (a cleanup must not stop the snapshot). Returns the paths removed."""
-    removed = []
+def _matching_entries(directory, pattern):
+    """(match, path, lstat) of the entries of `directory` whose name matches `pattern`, this user's
+    only; nothing when the directory cannot be read (a cleanup must not stop the snapshot)."""
     try:
         names = os.listdir(directory)
     except OSError:
-        return removed
+        return
     for name in names:
-        match = _TEMP_RE.match(name)
+        match = pattern.match(name)
         if not match:
             continue
         path = os.path.join(directory, name)
@@ -121,9 +119,17 @@ def remove_stale_temporaries(directory):
             st = os.lstat(path)
         except OSError:
             continue
-        if not stat.S_ISREG(st.st_mode) or not _mine(st) or _owner_alive(int(match.group(1)), st.st_mtime):
-            continue
-        if _unlink_quietly(path):
+        if _mine(st):
+            yield match, path, st
+
+
+def remove_stale_temporaries(directory):
+    """Remove the snapshot temporaries in `directory` whose owner process is gone (see the module
+    docstring), with their -journal/-wal/-shm. Only this user's regular files are touched; errors
+    are ignored (a cleanup must not stop the snapshot). Returns the paths removed."""
+    removed = []
+    for match, path, st in _matching_entries(directory, _TEMP_RE):
+        if stat.S_ISREG(st.st_mode) and not _owner_alive(int(match.group(1)), st.st_mtime) and _unlink_quietly(path):
             removed.append(path)
     return removed
 
@@ -132,20 +138,9 @@ def _remove_legacy_temporaries(directory, base):
     """Temporaries of this output left by versions before pid-named ones: `.BASE.XXXXXXXX.tmp`
     (mkstemp's 8 characters) and its journal, once an hour untouched."""
     legacy = re.compile(r"^\." + re.escape(base) + r"\.[a-z0-9_]{8}\.tmp(?:-journal|-wal|-shm)?$")
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return
     now = time.time()
-    for name in names:
-        if not legacy.match(name):
-            continue
-        path = os.path.join(directory, name)
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        if stat.S_ISREG(st.st_mode) and _mine(st) and now - st.st_mtime > _LEGACY_AGE_S:
+    for _, path, st in _matching_entries(directory, legacy):
+        if stat.S_ISREG(st.st_mode) and now - st.st_mtime > _LEGACY_AGE_S:
             _unlink_quietly(path)
 
 
@@ -153,20 +148,8 @@ def remove_stale_stage_dirs(parent):
     """Remove the staging directories (`straggler-snapshot-<pid>-*`) in `parent` whose process is
     gone. Only this user's real directories (not symlinks) are touched. Returns the paths removed."""
     removed = []
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return removed
-    for name in names:
-        match = _STAGE_RE.match(name)
-        if not match:
-            continue
-        path = os.path.join(parent, name)
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        if not stat.S_ISDIR(st.st_mode) or not _mine(st) or _owner_alive(int(match.group(1)), st.st_mtime):
+    for match, path, st in _matching_entries(parent, _STAGE_RE):
+        if not stat.S_ISDIR(st.st_mode) or _owner_alive(int(match.group(1)), st.st_mtime):
             continue
         shutil.rmtree(path, ignore_errors=True)
         if not os.path.lexists(path):
