@@ -164,10 +164,7 @@ def _server_crl(opts):
     if not os.path.exists(path):
         raise TLSError(f"CRL file {path} does not exist; pass --crl with the fleet CA's revocation list "
                        f"(`straggler pki crl --dir DIR` writes DIR/crl.pem), or leave --crl out")
-    if not os.path.isfile(path):
-        raise TLSError(f"CRL file {path} is not a regular file; pass --crl FILE")
-    if not os.access(path, os.R_OK):
-        raise TLSError(f"CRL file {path} is not readable by this user; run as its owner or fix its mode")
+    _check_readable(path, "CRL", "--crl")
     return path
 
 
