@@ -331,6 +331,23 @@ class TestRecordAll:
             if symbol != row[6]:
                 assert json.loads(row[19])["symbol"] == symbol
 
+    def test_first_calls_after_an_exec_carry_the_new_rank(self, agent, launcher, standin):
+        """A trainer is often exec'd by a wrapper that the agent already tracks, whose environment had no
+        RANK (a shell that sets it, then execs). Its first calls, made at once, must carry the rank it has
+        after the exec, not the wrapper's none."""
+        script = ('sleep 0.6; exec env RANK=5 LOCAL_RANK=2 WORLD_SIZE=8 "$0" --lib-dir "$1" --mode mix '
+                  '--iterations 3 --rate 1000')
+        child = launcher.start(["env", "-u", "RANK", "-u", "LOCAL_RANK", "sh", "-c", script, standin["workload"],
+                                standin["lib_dir"]], env=STANDIN_ENV)
+        summary = child.workload_summary()
+        pid = summary["pid"]
+        assert pid == child.pid        # exec'd in place: one process, first the wrapper, then the workload
+        wait_until(lambda: scalar(agent.db, f"SELECT count(*) FROM events WHERE pid = ? AND source IN {CALL_SOURCES}",
+                                  (pid,)) >= summary["total_calls"])
+        ranks = query(agent.db, f"SELECT rank, local_rank, count(*) FROM events WHERE pid = ? AND source IN {CALL_SOURCES} "
+                                "GROUP BY rank, local_rank", (pid,))
+        assert ranks == [(5, 2, summary["total_calls"])]
+
     def test_cpu_hog_preempts_the_workload_and_is_named(self, agent, launcher, standin):
         # both round-robin real-time on one CPU: they take turns every RR slice whatever else the
         # shared machine runs (the RT throttle leaves the other tasks 5%), so the hog is what

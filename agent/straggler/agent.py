@@ -302,6 +302,7 @@ class Agent:
             elif what in (PROC_NEW, PROC_FORK):
                 self._track(tgid, ts)
             elif what == PROC_EXEC:
+                self.other_ranks.pop(tgid, None)     # read before the exec: its environment may have changed
                 if tgid in self.processes:
                     self.processes.pop(tgid)
                     self._track(tgid, ts)
@@ -325,7 +326,26 @@ class Agent:
         rows, notices = self.decoder.decode(raw)
         if notices:
             self._handle_notices(notices)
+            rows = self._restamp(rows, notices)
         self.writer.submit_events(rows)
+
+    def _restamp(self, rows, notices):
+        """The rank of rows decoded before this batch's notices were handled. A process that a target forked
+        (or that called CUDA before the agent knew it) was read while it still had its parent's environment,
+        or not at all: rows of its first calls would carry no rank. Now that its exec/new notice is handled
+        (its environment re-read), they get the rank it has."""
+        from .probes.records import PROC_EXEC, PROC_FORK, PROC_NEW
+        changed = {tgid for what, tgid, _parent, _comm, _ts in notices if what in (PROC_NEW, PROC_FORK, PROC_EXEC)}
+        if not changed:
+            return rows
+        out = []
+        for row in rows:
+            if row[0] is None and row[4] in changed:
+                rank, local_rank = self.rank_of(row[4])
+                if rank is not None:
+                    row = (rank, local_rank) + row[2:]
+            out.append(row)
+        return out
 
     def _update_slow_thresholds(self, harvested):
         opts = self.opts
