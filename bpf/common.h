@@ -88,7 +88,7 @@ struct frame {
     u16 op;       /* base op id (aggregation) */
     u16 sym;      /* symbol id (which variant was called) */
     u32 epoch;    /* the thread's off-CPU epoch at entry: changed at return => the call overlapped an off-CPU interval */
-    u32 pad;
+    u32 out_comm; /* 1: bytes holds the address of an out-parameter communicator, read at return (cuda.c) */
     u64 sp;       /* user stack pointer at entry: a nested call's is lower (frames whose call returned unseen are dropped) */
 };
 #define MAX_DEPTH 4   /* runtime -> driver nesting; power of two */

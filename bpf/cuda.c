@@ -26,6 +26,14 @@
 #define ARG_NCCL_GATHER 8  /* AllGather (send, recv, sendcount, datatype, comm, stream) */
 #define ARG_NCCL_REDUCE 9  /* Reduce (send, recv, count, datatype, op, root, comm at [sp+8], stream) */
 #define ARG_NCCL_P2P 10    /* Send, Recv (buf, count, datatype, peer, comm, stream) */
+/* Communicator set-up: always a row (WHY_SETUP). The new communicator is an out-parameter, read at return
+ * (frame.out_comm: frame.bytes holds its address until then); dims[4..5] = the new communicator (lo, hi). */
+#define ARG_NCCL_INIT 11   /* CommInitRank(ncclComm_t *comm, nranks, ncclUniqueId id, rank[, config]): the 128-byte id
+                              is passed in memory (on the stack at [sp+8]), so rank is the third REGISTER (rdx).
+                              dims = nranks, rank, the id's first 8 bytes (NCCL's random magic: the same on every
+                              rank of one communicator), new comm */
+#define ARG_NCCL_SPLIT 12  /* CommSplit(comm, color, key, ncclComm_t *newcomm, config): dims = color, key,
+                              parent comm (lo, hi), new comm */
 
 #define NBUCKETS 40        /* log2(ns) histogram: bucket i holds [2^i, 2^(i+1)) ns; the last one everything above */
 
@@ -35,6 +43,7 @@
 #define WHY_OFFCPU 4
 #define WHY_SAMPLE 8
 #define WHY_ERROR 16   /* the call returned an error: cudaError_t, CUresult and ncclResult_t are 0 on success */
+#define WHY_SETUP 32   /* communicator set-up (ARG_NCCL_INIT, ARG_NCCL_SPLIT): rare, and what explain groups by */
 
 struct agg_key {
     u32 tgid;
@@ -138,6 +147,7 @@ static __always_inline int call_entry(struct pt_regs *ctx, u16 sym, u16 op, int 
     f->op = op;
     f->sym = sym;
     f->epoch = cs->epoch;
+    f->out_comm = 0;
     switch (arg_kind) {
     case ARG_BYTES2:
         f->bytes = PT_REGS_PARM2(ctx);
@@ -200,6 +210,31 @@ static __always_inline int call_entry(struct pt_regs *ctx, u16 sym, u16 op, int 
         f->dims[3] = op | (who << 16);
         f->dims[4] = (u32)comm;
         f->dims[5] = (u32)(comm >> 32);
+        break;
+    }
+    case ARG_NCCL_INIT: {
+        u64 magic = 0;
+        bpf_probe_read_user(&magic, sizeof(magic), (void *)(PT_REGS_SP(ctx) + 8));
+        f->bytes = PT_REGS_PARM1(ctx);
+        f->out_comm = 1;
+        f->dims[0] = (u32)PT_REGS_PARM2(ctx);
+        f->dims[1] = (u32)PT_REGS_PARM3(ctx);
+        f->dims[2] = (u32)magic;
+        f->dims[3] = (u32)(magic >> 32);
+        f->dims[4] = 0;
+        f->dims[5] = 0;
+        break;
+    }
+    case ARG_NCCL_SPLIT: {
+        u64 parent = PT_REGS_PARM1(ctx);
+        f->bytes = PT_REGS_PARM4(ctx);
+        f->out_comm = 1;
+        f->dims[0] = (u32)PT_REGS_PARM2(ctx);
+        f->dims[1] = (u32)PT_REGS_PARM3(ctx);
+        f->dims[2] = (u32)parent;
+        f->dims[3] = (u32)(parent >> 32);
+        f->dims[4] = 0;
+        f->dims[5] = 0;
         break;
     }
     }
@@ -297,6 +332,15 @@ int call_return(struct pt_regs *ctx)
         why |= WHY_SAMPLE;
     if ((int)PT_REGS_RC(ctx) != 0)
         why |= WHY_ERROR;
+    u64 new_comm = 0;
+    if (f->out_comm) {
+        why |= WHY_SETUP;
+        if ((int)PT_REGS_RC(ctx) == 0 && f->bytes)
+            bpf_probe_read_user(&new_comm, sizeof(new_comm), (void *)f->bytes);
+        f->bytes = 0;
+        f->dims[4] = (u32)new_comm;
+        f->dims[5] = (u32)(new_comm >> 32);
+    }
     if (!why)
         return 0;
 

@@ -49,6 +49,15 @@ NCCL_CALLS = {   # op: (times, arguments as the agent should record them, beside
 }
 
 
+# the set-up calls' arguments: ncclCommInitRank(nranks, rank) and ncclCommInitRankConfig(nranks, rank + 1) with an
+# id whose magic is `id`; ncclCommSplit(the communicator above, color, key)
+SETUP = {"id": 0x1122334455667788, "nranks": 4, "rank": 2, "color": 1, "key": 7}
+
+
+class UniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * 128)]      # NCCL_UNIQUE_ID_BYTES, passed by value
+
+
 def nccl(lib):
     rets = {}
     f32, f64, i32, i64, f16, bf16 = 7, 8, 2, 4, 6, 9           # ncclDataType_t
@@ -74,6 +83,19 @@ def nccl(lib):
     for op, (times, _) in NCCL_CALLS.items():
         rets[op] = [calls[op]() for _ in range(times)]
     rets["ncclGroupEnd"] = [lib.ncclGroupEnd()]
+    # communicator set-up: without a GPU each fails at once (ncclUnhandledCudaError) and makes no communicator
+    uid = UniqueId()
+    ctypes.memmove(ctypes.addressof(uid), SETUP["id"].to_bytes(8, "little"), 8)     # NCCL's id begins with its magic
+    new = ctypes.c_void_p(0)
+    lib.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, UniqueId, ctypes.c_int]
+    lib.ncclCommInitRankConfig.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, UniqueId, ctypes.c_int,
+                                           ctypes.c_void_p]
+    lib.ncclCommSplit.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
+                                  ctypes.c_void_p]
+    rets["ncclCommInitRank"] = [lib.ncclCommInitRank(ctypes.byref(new), SETUP["nranks"], uid, SETUP["rank"]),
+                                lib.ncclCommInitRankConfig(ctypes.byref(new), SETUP["nranks"], uid, SETUP["rank"] + 1,
+                                                           None)]
+    rets["ncclCommSplit"] = [lib.ncclCommSplit(comm, SETUP["color"], SETUP["key"], ctypes.byref(new), None)]
     return rets, f"0x{ctypes.addressof(comm):x}"
 
 

@@ -178,6 +178,22 @@ def test_nccl_from_its_wheel_with_each_calls_arguments(traced):
     assert sizes["ncclAllReduce"] == 4000 and sizes["ncclReduce"] == 128 and sizes["ncclSend"] == 64
 
 
+def test_nccl_communicator_set_up_is_recorded_with_its_arguments(traced):
+    """ncclCommInitRank(Config) and ncclCommSplit always get a row (they define the communicators explain
+    groups the collectives by): nranks, rank and the id's magic, or the parent, color and key."""
+    from nvidia_workload import SETUP
+    output, pid = traced["results"]["nccl"]
+    rows = query(traced["db"], "SELECT op, ret, detail FROM events WHERE pid = ? AND op IN ('ncclCommInitRank', "
+                               "'ncclCommSplit') ORDER BY ts", (pid,))
+    assert [(op, ret) for op, ret, _ in rows] == [("ncclCommInitRank", 1), ("ncclCommInitRank", 1), ("ncclCommSplit", 1)]
+    init, init_config, split = (json.loads(d) for _, _, d in rows)
+    magic = f"0x{SETUP['id']:016x}"
+    assert init == {"nranks": 4, "rank": 2, "id": magic, "comm": "0x0", "why": ["error", "setup"]}
+    assert init_config == {"nranks": 4, "rank": 3, "id": magic, "comm": "0x0", "symbol": "ncclCommInitRankConfig",
+                           "why": ["error", "setup"]}
+    assert split == {"color": 1, "key": 7, "parent": output["comm"], "comm": "0x0", "why": ["error", "setup"]}
+
+
 def _nvcc_case(traced, kind):
     if traced["programs"][kind] is None:
         pytest.skip("no nvcc on this machine: the nvcc-built programs are not tested")

@@ -29,9 +29,11 @@ import re
 
 # arg kinds: keep in sync with bpf/cuda.c
 (ARG_NONE, ARG_BYTES2, ARG_BYTES3, ARG_BYTES5, ARG_CU_LAUNCH, ARG_CUDA_LAUNCH, ARG_NCCL, ARG_NCCL_ROOT,
- ARG_NCCL_GATHER, ARG_NCCL_REDUCE, ARG_NCCL_P2P) = range(11)
-ARG_NCCL_KINDS = {ARG_NCCL, ARG_NCCL_ROOT, ARG_NCCL_GATHER, ARG_NCCL_REDUCE, ARG_NCCL_P2P}
-ARG_HAS_BYTES = {ARG_BYTES2, ARG_BYTES3, ARG_BYTES5} | ARG_NCCL_KINDS
+ ARG_NCCL_GATHER, ARG_NCCL_REDUCE, ARG_NCCL_P2P, ARG_NCCL_INIT, ARG_NCCL_SPLIT) = range(13)
+ARG_NCCL_COLL_KINDS = {ARG_NCCL, ARG_NCCL_ROOT, ARG_NCCL_GATHER, ARG_NCCL_REDUCE, ARG_NCCL_P2P}
+ARG_NCCL_SETUP_KINDS = {ARG_NCCL_INIT, ARG_NCCL_SPLIT}      # communicator set-up: always a row
+ARG_NCCL_KINDS = ARG_NCCL_COLL_KINDS | ARG_NCCL_SETUP_KINDS
+ARG_HAS_BYTES = {ARG_BYTES2, ARG_BYTES3, ARG_BYTES5} | ARG_NCCL_COLL_KINDS
 ARG_HAS_DIMS = {ARG_CU_LAUNCH, ARG_CUDA_LAUNCH}
 # ncclDataType_t and ncclRedOp_t (nccl.h), for events.detail
 NCCL_DATATYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64",
@@ -87,13 +89,25 @@ FUNCTIONS = [
     ("ncclRecv", "nccl", ARG_NCCL_P2P, [["ncclRecv"]]),
     ("ncclGroupStart", "nccl", ARG_NONE, [["ncclGroupStart"]]),
     ("ncclGroupEnd", "nccl", ARG_NONE, [["ncclGroupEnd"]]),
+    # communicator set-up (a rendezvous of its ranks, so a collective): always a row, with nranks, rank and
+    # the unique id's magic (the same on every rank of one communicator), or the parent, color and key; and
+    # the new communicator, read at return. explain groups the collectives per communicator with them.
+    ("ncclCommInitRank", "nccl", ARG_NCCL_INIT, [["ncclCommInitRank"], ["ncclCommInitRankConfig"]]),
+    ("ncclCommSplit", "nccl", ARG_NCCL_SPLIT, [["ncclCommSplit"]]),
 ]
+SETUP_OPS = ("ncclCommInitRank", "ncclCommSplit")     # the ops whose rows define communicators
 
 
 def nccl_detail(arg_kind, dims):
     """events.detail of an NCCL call from the kernel's dims: count, datatype, op, root or peer, and the
-    communicator (its address in the process: the same value on every call of one communicator)."""
+    communicator (its address in the process: the same value on every call of one communicator).
+    Set-up calls: nranks, rank and the unique id's magic (ncclCommInitRank*), or color, key and the
+    parent (ncclCommSplit), and the new communicator ("0x0" when the call failed)."""
     d0, d1, d2, d3, d4, d5 = dims
+    if arg_kind == ARG_NCCL_INIT:
+        return {"nranks": _s32(d0), "rank": _s32(d1), "id": f"0x{d2 | (d3 << 32):016x}", "comm": f"0x{d4 | (d5 << 32):x}"}
+    if arg_kind == ARG_NCCL_SPLIT:
+        return {"color": _s32(d0), "key": _s32(d1), "parent": f"0x{d2 | (d3 << 32):x}", "comm": f"0x{d4 | (d5 << 32):x}"}
     out = {"count": d0 | (d1 << 32),
            "datatype": NCCL_DATATYPES[d2] if d2 < len(NCCL_DATATYPES) else d2}
     op, who = d3 & 0xffff, d3 >> 16
@@ -103,6 +117,10 @@ def nccl_detail(arg_kind, dims):
         out["peer" if arg_kind == ARG_NCCL_P2P else "root"] = who
     out["comm"] = f"0x{d4 | (d5 << 32):x}"
     return out
+
+
+def _s32(v):
+    return v - (1 << 32) if v >= 1 << 31 else v
 
 
 def _class_of(op, source):

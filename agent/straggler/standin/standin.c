@@ -37,8 +37,8 @@
  *       (default 1.0; it scales the device time of the kernels launched after it is read).
  *       Other keys are ignored (the job's own program reads the same file). No file = defaults.
  *   STRAGGLER_STANDIN_NCCL_ROOT=ADDR:PORT  rendezvous of ncclCommInitRank: a REAL collective.
- *       ncclGetUniqueId fills the id with a marker; ncclCommInitRank(comm, nranks, id, rank)
- *       ignores the id's content: rank 0 listens on ADDR:PORT, the others connect to it
+ *       ncclGetUniqueId's id starts with a hash of ADDR:PORT (as NCCL's starts with a magic every
+ *       rank of the communicator shares); ncclCommInitRank(comm, nranks, id, rank) ignores it: rank 0 listens on ADDR:PORT, the others connect to it
  *       (retried until the timeout below). Collectives on such a communicator move the data
  *       over TCP through rank 0 (a star: every rank sends its buffer to rank 0, rank 0 reduces
  *       or gathers and sends each rank its result), so a rank that arrives late makes all the
@@ -1018,8 +1018,16 @@ API ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId)
     if (!uniqueId)
         return ncclInvalidArgument;
     memset(uniqueId, 0, sizeof *uniqueId);
-    /* the stand-in meets at STRAGGLER_STANDIN_NCCL_ROOT; the id's content is not used */
-    snprintf(uniqueId->internal, sizeof uniqueId->internal, "straggler-standin-nccl pid %d", (int)getpid());
+    /* NCCL's id starts with a random 64-bit magic that every rank of the communicator is given (rank 0 makes
+     * it, the job passes it on). The stand-in meets at STRAGGLER_STANDIN_NCCL_ROOT instead, and every rank
+     * calls this itself, so its magic is a hash (FNV-1a) of that address: the same on every rank of one
+     * meeting, as a tracer sees on real NCCL. The rest of the id is not used. */
+    const char *root = getenv("STRAGGLER_STANDIN_NCCL_ROOT");
+    uint64_t magic = 0xcbf29ce484222325ull;
+    for (const char *p = root ? root : ""; *p; p++)
+        magic = (magic ^ (unsigned char)*p) * 0x100000001b3ull;
+    memcpy(uniqueId->internal, &magic, sizeof magic);
+    snprintf(uniqueId->internal + 8, sizeof uniqueId->internal - 8, "straggler-standin-nccl pid %d", (int)getpid());
     return ncclSuccess;
 }
 
