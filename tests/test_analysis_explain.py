@@ -267,3 +267,91 @@ def test_a_node_whose_calls_fail_gets_a_cuda_errors_finding_with_its_codes(clust
         value = sum(r[src["column"]] for r in hits) if src.get("sum") else hits[0][src["column"]]
         assert value == f.numbers[name], name
     assert "cuda-errors" not in {x.cause for x in explain.explain_db(cluster["io_cpu"][0]).findings}
+
+
+def _with_communicators(db, tmp_path, pairs):
+    """A copy of a synthetic cluster whose ncclAllReduce rows run on NCCL communicators: the whole job's
+    (every rank, made by ncclCommInitRank with one unique id), and the pair
+    communicator each rank split off it (ncclCommSplit, color = its pair). Returns the copy's path."""
+    import shutil
+    copy = str(tmp_path / "comms.db")
+    shutil.copy(db, copy)
+    conn = sqlite3.connect(copy)
+    nodes = [n for (n,) in conn.execute("SELECT DISTINCT node FROM events WHERE op = 'ncclAllReduce' ORDER BY node")]
+    for i, node in enumerate(nodes):
+        pid, rank, first = conn.execute("SELECT pid, rank, MIN(ts) FROM events WHERE node = ? AND op = 'ncclAllReduce'",
+                                        (node,)).fetchone()
+        world, pair = f"0x7f00{i}000", f"0x7f00{i}800"          # pointers: this process's own values
+        conn.execute("INSERT INTO events (seq, node, rank, source, op, pid, tid, ts, duration, ret, detail) "
+                     "VALUES (-1, ?, ?, 'nccl', 'ncclCommInitRank', ?, ?, ?, 900000000, 0, ?)",
+                     (node, rank, pid, pid, first - 5_000_000_000,
+                      json.dumps({"nranks": len(nodes), "rank": rank, "id": "0x00c0ffee00c0ffee", "comm": world,
+                                  "why": ["setup"]})))
+        conn.execute("INSERT INTO events (seq, node, rank, source, op, pid, tid, ts, duration, ret, detail) "
+                     "VALUES (-2, ?, ?, 'nccl', 'ncclCommSplit', ?, ?, ?, 1000000, 0, ?)",
+                     (node, rank, pid, pid, first - 4_000_000_000,
+                      json.dumps({"color": pairs[node], "key": rank, "parent": world, "comm": pair, "why": ["setup"]})))
+        conn.execute("UPDATE events SET detail = json_set(coalesce(detail, '{}'), '$.comm', "
+                     "CASE WHEN (ts / 1000000000) % 2 = 0 THEN ? ELSE ? END) "
+                     "WHERE node = ? AND op = 'ncclAllReduce'", (world, pair, node))
+    conn.commit()
+    conn.close()
+    return copy
+
+
+def test_collectives_are_grouped_per_communicator_across_nodes(cluster, tmp_path):
+    db, truth = cluster["io_cpu"]
+    pairs = {"gpu-node-01": 0, "gpu-node-02": 0, "gpu-node-03": 1, "gpu-node-04": 1}
+    copy = _with_communicators(db, tmp_path, pairs)
+    report = explain.explain_db(copy)
+    assert report.straggler == truth["straggler"] == "gpu-node-03"
+    (f,) = _by_cause(report, "communicators")
+    assert f.node == "gpu-node-03"
+    # the world communicator: matched across the four nodes by its id, though every process has its own pointer
+    assert "communicator id 0x00c0ffee00c0ffee (4 of 4 ranks, made by ncclCommInitRank" in f.summary, f.summary
+    # the pair split off it with color 1 holds gpu-node-03 and gpu-node-04 only
+    assert "communicator id 0x00c0ffee00c0ffee / color 1 (2 ranks, made by ncclCommSplit: gpu-node-03 rank 2, " \
+           "gpu-node-04 rank 3)" in f.summary, f.summary
+    # it names the communicator of gpu-node-03's in which its peers spent the most time (median) waiting
+    import statistics
+    by_comm = {}
+    for name, v in f.numbers.items():
+        comm, node = name.split(".")[:2]
+        by_comm.setdefault(comm, {})[node] = v
+    waited = {c: statistics.median(v for n, v in nodes.items() if n != "gpu-node-03")
+              for c, nodes in by_comm.items() if "gpu-node-03" in nodes}
+    assert len(waited) == 2
+    most = max(waited, key=waited.get)
+    label = "id 0x00c0ffee00c0ffee / color 1 (2 ranks" if len(by_comm[most]) == 2 else "id 0x00c0ffee00c0ffee (4 of 4"
+    assert f.summary.startswith(f"its peers wait for gpu-node-03 (rank 2) in communicator {label}"), (waited, f.summary)
+    assert "/ color 0" in f.summary                              # the other pair is listed too
+    # every number is its own SQL's
+    for name, src in f.sources.items():
+        hits = [r for r in _rows(copy, f.sql[src["sql"]]) if all(r.get(k) == v for k, v in src["match"].items())]
+        assert hits, name
+        assert sum(r[src["column"]] for r in hits) == f.numbers[name], name
+    assert len(f.numbers) == 4 + 2 + 2
+    # the straggler's own recorded collective time is the smallest in each of its communicators
+    mine = {k: v for k, v in f.numbers.items() if ".gpu-node-03." in k}
+    for k, v in mine.items():
+        comm = k.split(".")[0]
+        assert v < min(x for n, x in f.numbers.items() if n.startswith(comm + ".") and n != k), (k, f.numbers)
+
+
+def test_communicators_without_a_traced_set_up_are_kept_per_process(cluster, tmp_path):
+    db, _ = cluster["io_cpu"]
+    copy = _with_communicators(db, tmp_path, {"gpu-node-01": 0, "gpu-node-02": 0, "gpu-node-03": 1, "gpu-node-04": 1})
+    conn = sqlite3.connect(copy)
+    conn.execute("DELETE FROM events WHERE op IN ('ncclCommInitRank', 'ncclCommSplit')")   # attached too late
+    conn.commit()
+    conn.close()
+    report = explain.explain_db(copy)
+    (f,) = _by_cause(report, "communicators")
+    assert "its set-up was not traced" in f.summary and "cannot be matched" in f.summary
+    assert "made by" not in f.summary
+    assert "cuda-errors" not in {x.cause for x in report.findings}
+
+
+def test_no_communicator_finding_without_nccl_communicators(cluster):
+    db, _ = cluster["io_cpu"]
+    assert "communicators" not in {f.cause for f in explain.explain_db(db).findings}

@@ -32,7 +32,10 @@ def harness(testbed, tmp_path_factory):
     h = hz.SyncJobHarness(testbed, out, style="blocking")
     try:
         per_host, h.api_nodes, h.api_client = h.api_args()     # the agents serve their API too (the watch)
-        h.start_agents(per_host_args=per_host)
+        h._build()          # the stand-in's libraries attached from the start, as a node's installed ones are:
+        libs = ["libcuda.so.1", "libcudart.so.12", "libnccl.so.2"]      # each job's ncclCommInitRank is traced
+        h.start_agents(extra_args=[a for lib in libs for a in ("--cuda-lib", h.standin_dir / lib)],
+                       per_host_args=per_host)
         yield h
     finally:
         h.close()
@@ -66,6 +69,12 @@ def test_one_fault_on_one_node_names_that_node_and_the_cause_class(harness, tmp_
     # no healthy node is blamed for anything
     assert {f.node for f in report.findings if f.cause in explain.CAUSE_CLASSES} == {STRAGGLER}, text
     top = max((f for f in report.findings if f.cause in explain.CAUSE_CLASSES), key=lambda f: f.share)
+    # the ranks wait for it in the job's one communicator, matched across the four nodes by its set-up
+    (comms,) = [f for f in report.findings if f.cause == "communicators"]
+    assert comms.node == STRAGGLER and comms.summary.startswith(f"its peers wait for {STRAGGLER} (rank 0) in "
+                                                                "communicator id 0x"), text
+    assert "(4 of 4 ranks, made by ncclCommInitRank: gpu-node-01 rank 0, gpu-node-02 rank 1, gpu-node-03 rank 2, " \
+           "gpu-node-04 rank 3)" in comms.summary, text
     if fault == "cpu-hog":
         who = top.summary.split("who held it", 1)[1].split(":", 1)[1]
         assert who.strip().startswith("cpuhog (pid"), text       # the hog itself, by its process, first

@@ -143,3 +143,51 @@ def test_io_is_another_process_only_when_its_io_dwarfs_the_trainers_and_the_trai
     assert model.classify_io(1 << 20, 1 << 20, 100 << 20, 10, 10) == "io-other"
     assert model.classify_io(50 << 20, 1 << 20, 100 << 20, 10, 10) == "io-self"   # its own I/O grew 50x
     assert model.classify_io(1 << 20, 1 << 20, 1 << 20, 10, 10) == "io-self"
+
+
+# ---- NCCL communicators (comms.py)
+
+def _setup(node, op, ts, address, pid=1, ret=0, **kw):
+    return dict(node=node, pid=pid, op=op, ts=ts, ret=ret, communicator=address, **kw)
+
+
+def test_communicators_are_matched_across_nodes_by_id_and_by_parent_and_color():
+    from straggler.analysis.explain import comms
+    rows = [_setup("a", "ncclCommInitRank", 1, "0xa0", id="0x11", nranks=2, comm_rank=0),
+            _setup("b", "ncclCommInitRank", 1, "0xb0", id="0x11", nranks=2, comm_rank=1),
+            _setup("a", "ncclCommSplit", 2, "0xa1", parent="0xa0", color=3),
+            _setup("b", "ncclCommSplit", 2, "0xb1", parent="0xb0", color=3),
+            _setup("a", "ncclCommSplit", 3, "0xa2", parent="0xa1", color=0),      # a split of a split
+            _setup("b", "ncclCommInitRank", 4, "0xb9", ret=1, id="0x22", nranks=2, comm_rank=1),   # failed: ignored
+            _setup("b", "ncclCommSplit", 5, "0xb5", parent="0xdead", color=1)]    # its parent's set-up unseen
+    ids = comms.cluster_ids(rows)
+    assert ids[("a", 1, "0xa0")] == ("id 0x11", "ncclCommInitRank", 2, 0)
+    assert ids[("b", 1, "0xb0")] == ("id 0x11", "ncclCommInitRank", 2, 1)
+    assert ids[("a", 1, "0xa1")][0] == ids[("b", 1, "0xb1")][0] == "id 0x11 / color 3"
+    assert ids[("a", 1, "0xa2")][0] == "id 0x11 / color 3 / color 0"
+    assert ("b", 1, "0xb9") not in ids
+    assert ids[("b", 1, "0xb5")][0] == "0xdead / color 1 on b pid 1"
+    # a pointer reused for a later communicator (the first destroyed) is the later one
+    again = comms.cluster_ids(rows + [_setup("a", "ncclCommInitRank", 9, "0xa0", id="0x33", nranks=4, comm_rank=2)])
+    assert again[("a", 1, "0xa0")] == ("id 0x33", "ncclCommInitRank", 4, 2)
+
+
+def test_collectives_grouped_and_where_the_peers_wait():
+    from straggler.analysis.explain import comms
+    setups = [_setup(n, "ncclCommInitRank", 1, f"0x{n}0", id="0x11", nranks=3, comm_rank=i) for i, n in enumerate("abc")]
+    setups += [_setup(n, "ncclCommSplit", 2, f"0x{n}1", parent=f"0x{n}0", color=int(n == "c")) for n in "abc"]
+    colls = [dict(node=n, pid=1, communicator=f"0x{n}0", op="ncclAllReduce", calls=10, dur_ns=ns)
+             for n, ns in (("a", 100), ("b", 900), ("c", 950))]
+    colls += [dict(node=n, pid=1, communicator=f"0x{n}1", op="ncclBroadcast", calls=5, dur_ns=ns)
+              for n, ns in (("a", 50), ("b", 2000), ("c", 10))]
+    colls += [dict(node="c", pid=1, communicator="0xc9", op="ncclSend", calls=1, dur_ns=5)]     # set-up unseen
+    found = comms.group(setups, colls, ranks={("a", 1): 0, ("b", 1): 1, ("c", 1): 2})
+    by = {c.cid: c for c in found}
+    assert set(by) == {"id 0x11", "id 0x11 / color 0", "id 0x11 / color 1", "0xc9 on c pid 1"}
+    assert [m.node for m in by["id 0x11"].members] == ["a", "b", "c"] and by["id 0x11"].nranks == 3
+    assert [m.node for m in by["id 0x11 / color 0"].members] == ["a", "b"]
+    assert not by["0xc9 on c pid 1"].matched and by["id 0x11"].matched
+    assert found[0].cid == "id 0x11 / color 0"                  # the busiest first
+    c, others, mine = comms.where_waited(found, ("a", 1))
+    assert (c.cid, others, mine) == ("id 0x11 / color 0", 2000, 50)   # b waited 2000 in the pair, 925 in the world
+    assert comms.where_waited(found, ("z", 1)) is None

@@ -1,6 +1,7 @@
 """`straggler explain`: name the straggler rank (and node) of a synchronous training job, and why.
 
   model.py   the step-time model and the rules (pure functions over rows; unit-tested)
+  comms.py   NCCL communicators matched across nodes by their set-up, collectives grouped by them
   sql.py     the queries (over thread_time, the agent's per-thread summaries; GROUP BY node)
   report.py  findings, the report and its renderers (text, JSON, Markdown, JUnit)
   this file  the runners (one database, or the live fleet), the orchestration, the CLI
@@ -9,6 +10,7 @@ Which rank: the one that waits least for its peers, materially and consistently 
 Why: its components of step time above the other ranks' median, each mapped to a cause class
 (cpu-contention, self-contention, host-compute, gpu-slow, cuda-calls, io-self, io-other, and
 unknown for the rest), with the share of its excess each explains, the evidence, the SQL.
+Where: the NCCL communicator of the straggler's in which its peers wait for it (comms.py).
 
 This package reads only (store.query.run_query or the fleet client); it never writes a database.
 """
@@ -19,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from ...errors import StragglerError, UsageError
-from . import model, sql
+from . import comms as comms_model, model, sql
 from ...probes import symbols
 from .report import SEVERITY_ORDER, Finding, Report, _fmt_bytes, _fmt_ns
 
@@ -321,6 +323,7 @@ def _explain(runner, opts, source):
         _waiter_finding(report, ctx)
     else:
         _no_straggler_findings(report, ctx)
+    _communicator_finding(report, ctx, span_rows)
 
     if report.missing:
         names = ", ".join(f"{m['node']} ({m['status']})" for m in report.missing)
@@ -600,6 +603,85 @@ def _waiter_finding(report, ctx):
         summary=f"the other ranks are waiters, not causes: they spend their time waiting for {who} — " + "; ".join(parts),
         numbers={f"{r.key[0]}.wait_pct": round(100 * r.wait_share(verdict.wait_def), 1) for r in waiters},
         sql={"threads": ctx["threads_sql"].strip()}, recommendation=f"nothing to fix on them: they wait for {who}"))
+
+
+COLLECTIVE_OPS = tuple(op for op, _source, kind, _groups in symbols.FUNCTIONS if kind in symbols.ARG_NCCL_COLL_KINDS)
+
+
+def _comm_label(c):
+    if not c.matched:
+        return (f"communicator {c.cid} (its set-up was not traced: the agent attached after the job made it, so its "
+                "members on other nodes cannot be matched)")
+    size = f"{len(c.members)} of {c.nranks} ranks" if c.nranks else f"{len(c.members)} ranks"
+    ranks = ", ".join(f"{m.node}" + (f" rank {m.rank}" if m.rank is not None else "") for m in c.members)
+    return f"communicator {c.cid} ({size}, made by {c.made_by}: {ranks})"
+
+
+def _communicator_finding(report, ctx, span_rows):
+    """The job's NCCL communicators (matched across nodes by their set-up) and each rank's recorded time
+    in the collectives of each; with a straggler, the communicator in which its peers wait for it."""
+    windows = [w for w in ctx["windows"] if (w[0], w[1]) in ctx["recent"]]
+    if not windows:
+        return
+    runner, opts = ctx["runner"], ctx["opts"]
+    coll_sql = sql.comm_collectives(windows, COLLECTIVE_OPS)
+    coll_rows = runner.rows(coll_sql)
+    if not any(r.get("communicator") for r in coll_rows):
+        return
+    setup_sql = sql.comm_setups(opts.until_ns)
+    ranks = {(r["node"], int(r["pid"])): r["rank"] for r in span_rows}
+    found = comms_model.group(runner.rows(setup_sql), coll_rows, ranks)
+    if not found:
+        return
+    numbers, sources = {}, {}
+
+    def cite(i, c, m):
+        name = f"comm{i}.{m.node}.pid{m.pid}.dur_ns"
+        numbers[name] = m.dur_ns
+        sources[name] = dict(sql="collectives", match={"node": m.node, "pid": m.pid, "communicator": m.address},
+                             column="dur_ns", sum=True)
+
+    def times(c, limit=8):
+        parts = [f"{m.node} {_fmt_ns(m.dur_ns)}" for m in c.members[:limit]]
+        return ", ".join(parts) + (f", and {len(c.members) - limit} more" if len(c.members) > limit else "")
+
+    def ops(c):
+        return ", ".join(f"{op} ×{n:,}" for op, n in sorted(c.ops().items(), key=lambda kv: -kv[1]))
+
+    shown = found[:4]
+    for i, c in enumerate(shown):
+        for m in c.members:
+            cite(i, c, m)
+    verdict = ctx["verdict"]
+    enqueue = (" (in this job the ranks wait for each other in synchronize too, as with collectives that only enqueue: "
+               "these are the collectives' part)") if verdict.wait_def == "enqueue" else ""
+    node, share = None, 0.0
+    if verdict.stragglers:
+        rt = verdict.stragglers[0]["rank"]
+        where = comms_model.where_waited(found, rt.key)
+        if where is not None:
+            c, others_ns, mine_ns = where
+            node = rt.key[0]
+            head = (f"its peers wait for {_who(rt)} in {_comm_label(c)}: in its recorded collectives ({ops(c)}) over "
+                    f"the recent window the other members spent {_fmt_ns(others_ns)} (median), {_who(rt)} "
+                    f"{_fmt_ns(mine_ns)} — {times(c)}{enqueue}")
+            if all(c is not x for x in shown):
+                for m in c.members:
+                    cite(len(shown), c, m)
+        else:
+            head = f"{_who(rt)} made no recorded collective with a peer in any communicator seen{enqueue}"
+    else:
+        head = f"no straggler; recorded collective time per rank{enqueue}"
+    rest = [c for c in shown if node is None or c is not where[0]]
+    tail = "; ".join(f"{_comm_label(c)}: {ops(c)} — {times(c)}" for c in rest)
+    more = f"; and {len(found) - len(shown)} more communicator(s)" if len(found) > len(shown) else ""
+    summary = head + (f". Communicators: {tail}" if tail and node is not None else f": {tail}" if tail else "") + more
+    report.findings.append(Finding(
+        severity="info", node=node, cause="communicators", summary=summary, numbers=numbers, sources=sources,
+        sql={"setups": setup_sql.strip(), "collectives": coll_sql.strip()}, share=share,
+        recommendation=("the members of that communicator are the ranks the straggler delays first; fix the "
+                        "straggler (see the cause findings) rather than the collective" if node else
+                        "nothing to fix here: collective time per communicator, for reference")))
 
 
 def _no_straggler_findings(report, ctx):

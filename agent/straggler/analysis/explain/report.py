@@ -17,7 +17,7 @@ def _node_row(n):
 class Finding:
     severity: str                    # critical | warning | info
     node: str                        # the node it is about (None for fleet-wide)
-    cause: str                       # straggler | cpu-contention | io-wait | blocked | block-io | waiters | missing-nodes | data-loss | cuda-errors | no-straggler
+    cause: str                       # straggler | cpu-contention | io-wait | blocked | block-io | waiters | missing-nodes | data-loss | cuda-errors | communicators | no-straggler
     summary: str
     numbers: dict = field(default_factory=dict)     # name -> value
     sql: dict = field(default_factory=dict)         # query name -> SQL text

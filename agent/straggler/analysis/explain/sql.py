@@ -157,3 +157,34 @@ FROM lost_events
 GROUP BY node
 HAVING SUM(count) > 0
 ORDER BY node"""
+
+
+def comm_setups(until_ns=None):
+    """NCCL communicators made (ncclCommInitRank*, ncclCommSplit: the agent records each): per node and
+    process, the communicator's pointer there and what names it across the cluster (the unique id's magic,
+    or the parent and color). Not cut at --since: a job makes its communicators when it starts."""
+    return f"""
+SELECT node, pid, MIN(rank) AS rank, op, MAX(ts) AS ts, 0 AS ret,
+       json_extract(detail, '$.comm') AS communicator, json_extract(detail, '$.id') AS id,
+       json_extract(detail, '$.nranks') AS nranks, json_extract(detail, '$.rank') AS comm_rank,
+       json_extract(detail, '$.parent') AS parent, json_extract(detail, '$.color') AS color
+FROM events
+WHERE source = 'nccl' AND op IN ('ncclCommInitRank', 'ncclCommSplit') AND ret = 0
+  AND json_extract(detail, '$.comm') != '0x0'{_bounds(None, until_ns)}
+GROUP BY node, pid, op, communicator, id, nranks, comm_rank, parent, color
+ORDER BY node, pid, ts"""
+
+
+def comm_collectives(windows, ops):
+    """Each rank's recorded NCCL collective calls in its recent part, per communicator (its pointer in
+    that process) and op: how many, and their time. (Not "comm": that is events' column of the thread's
+    name, which GROUP BY would take over an alias.)"""
+    return f"""
+WITH {win_cte(windows)}
+SELECT e.node, e.pid, json_extract(e.detail, '$.comm') AS communicator, e.op, COUNT(*) AS calls,
+       SUM(e.duration) AS dur_ns
+FROM events e
+JOIN win w ON w.node = e.node AND w.pid = e.pid
+WHERE e.source = 'nccl' AND e.op IN ({', '.join(q(o) for o in ops)}) AND e.ts >= w.tb AND e.ts < w.t1
+GROUP BY e.node, e.pid, communicator, e.op
+ORDER BY e.node, e.pid, communicator, e.op"""
