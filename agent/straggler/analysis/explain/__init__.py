@@ -655,13 +655,14 @@ def _communicator_finding(report, ctx, span_rows):
     verdict = ctx["verdict"]
     enqueue = (" (in this job the ranks wait for each other in synchronize too, as with collectives that only enqueue: "
                "these are the collectives' part)") if verdict.wait_def == "enqueue" else ""
-    node, share = None, 0.0
+    node, share, waited_in = None, 0.0, None
     if verdict.stragglers:
         rt = verdict.stragglers[0]["rank"]
+        node = rt.key[0]
         where = comms_model.where_waited(found, rt.key)
         if where is not None:
             c, others_ns, mine_ns = where
-            node = rt.key[0]
+            waited_in = c
             head = (f"its peers wait for {_who(rt)} in {_comm_label(c)}: in its recorded collectives ({ops(c)}) over "
                     f"the recent window the other members spent {_fmt_ns(others_ns)} (median), {_who(rt)} "
                     f"{_fmt_ns(mine_ns)} — {times(c)}{enqueue}")
@@ -672,15 +673,15 @@ def _communicator_finding(report, ctx, span_rows):
             head = f"{_who(rt)} made no recorded collective with a peer in any communicator seen{enqueue}"
     else:
         head = f"no straggler; recorded collective time per rank{enqueue}"
-    rest = [c for c in shown if node is None or c is not where[0]]
+    rest = [c for c in shown if c is not waited_in]
     tail = "; ".join(f"{_comm_label(c)}: {ops(c)} — {times(c)}" for c in rest)
     more = f"; and {len(found) - len(shown)} more communicator(s)" if len(found) > len(shown) else ""
-    summary = head + (f". Communicators: {tail}" if tail and node is not None else f": {tail}" if tail else "") + more
+    summary = head + (f". Communicators: {tail}" if tail and waited_in is not None else f": {tail}" if tail else "") + more
     report.findings.append(Finding(
         severity="info", node=node, cause="communicators", summary=summary, numbers=numbers, sources=sources,
         sql={"setups": setup_sql.strip(), "collectives": coll_sql.strip()}, share=share,
         recommendation=("the members of that communicator are the ranks the straggler delays first; fix the "
-                        "straggler (see the cause findings) rather than the collective" if node else
+                        "straggler (see the cause findings) rather than the collective" if waited_in else
                         "nothing to fix here: collective time per communicator, for reference")))
 
 
