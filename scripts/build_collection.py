@@ -8,8 +8,8 @@ temporary directory and runs `ansible-galaxy collection build` there:
 
   plugins/, meta/, README.md, CHANGELOG.md, requirements.txt   from the collection's sources
   roles/<role>/                                                 from roles/ (as straggler.fleet.<role>)
-  roles/<agent role>/files/wheels/straggler-<v>-py3-none-any.whl  the agent, built from agent/ and bpf/
-  roles/<agent role>/files/bpf/*.c                              the BPF sources the agent compiles at start
+  roles/<agent role>/files/wheels/straggler-<v>-py3-none-any.whl  the agent, built from agent/ and bpf/ (the
+                                                                 BPF sources are its data files)
   playbooks/*.yml, playbooks/tasks/                             from playbooks/ (ansible-playbook straggler.fleet.trace)
   LICENSE                                                       from the repository
 
@@ -76,7 +76,6 @@ def assemble(stage: Path, wheel: Path):
     role = agent_role_dir(stage / "roles")
     (role / "files" / "wheels").mkdir(parents=True)
     shutil.copy2(wheel, role / "files" / "wheels" / wheel.name)
-    shutil.copytree(REPO / "bpf", role / "files" / "bpf", ignore=shutil.ignore_patterns("*.o", "__pycache__"))
     shutil.copytree(REPO / "playbooks", stage / "playbooks", ignore=SKIP)
     shutil.copy2(REPO / "LICENSE", stage / "LICENSE")
 

@@ -4,14 +4,16 @@ only ansible-core plus what the collection declares (its requirements.txt, and t
 carries) uses it from a directory outside the repository.
 
 What a user would notice: everything is in the tarball (plugins, both roles, the playbooks, the
-agent wheel and BPF sources, LICENSE, changelog, runtime and execution-environment metadata), and
+agent wheel with the BPF sources inside, LICENSE, changelog, runtime and execution-environment metadata), and
 nothing in it drifts from the repository's sources; `ansible-doc` documents every plugin and both
 roles; the playbooks parse as `straggler.fleet.<name>`. (Running them against hosts is
 tests/test_playbooks.py, which uses the same installed collection.)"""
+import io
 import json
 import re
 import subprocess
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -48,12 +50,14 @@ def test_the_tarball_holds_everything_a_user_needs_and_matches_the_sources(built
                 assert member in members, f"{member} missing from the tarball"
                 assert tar.extractfile(member).read() == (top / rel).read_bytes(), f"{member} differs from {top / rel}"
         wheels = [n for n in members if n.endswith(".whl")]
-        bpf = {Path(n).name for n in members if "/files/bpf/" in n}
+        assert not [n for n in members if "/files/bpf/" in n]          # the wheel carries them
+        with zipfile.ZipFile(io.BytesIO(tar.extractfile(wheels[0]).read())) as whl:
+            bpf = {Path(n).name: whl.read(n) for n in whl.namelist() if "/data/share/straggler/bpf/" in n}
         manifest = json.loads(tar.extractfile("MANIFEST.json").read())
     version = [line.split("=", 1)[1].strip().strip('"') for line in (REPO / "pyproject.toml").read_text().splitlines()
                if line.startswith("version")][0]
     assert len(wheels) == 1 and Path(wheels[0]).name == f"straggler-{version}-py3-none-any.whl", wheels
-    assert bpf == {p.name for p in (REPO / "bpf").glob("*.c")} | {p.name for p in (REPO / "bpf").glob("*.h")}
+    assert bpf == {p.name: p.read_bytes() for p in [*(REPO / "bpf").glob("*.c"), *(REPO / "bpf").glob("*.h")]}
     assert manifest["collection_info"]["license"] == ["GPL-3.0-or-later"]
     assert not [n for n in members if n.startswith("tests/") or "/__pycache__/" in n]
 

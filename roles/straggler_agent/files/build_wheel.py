@@ -7,7 +7,8 @@ It hashes the files that make the package (pyproject.toml, setup.cfg/setup.py/MA
 agent/ and bpf/), and when DIR/<hash>/ holds no wheel yet it copies those files to a private
 temporary directory and runs `pip wheel --no-deps --no-build-isolation -w OUT .` there, then moves
 the wheel into DIR/<hash>/ with an atomic rename. Prints one JSON line:
-{"changed": bool, "wheel": path, "sha256": hex, "source_hash": hex, "bpf_in_wheel": bool}.
+{"changed": bool, "wheel": path, "sha256": hex, "source_hash": hex}. The wheel carries the BPF sources
+(pyproject.toml's data files: share/straggler/bpf); one built without them is refused.
 
 What it must not do: use the network (no build isolation, no dependencies), write into the
 source tree (parallel builds and developers' build/ or *.egg-info stay untouched), or leave a
@@ -64,14 +65,13 @@ def existing_wheel(directory):
 
 
 def bpf_in_wheel(wheel):
-    """Whether the wheel carries the BPF sources itself (as data files or package data)."""
+    """Whether the wheel carries the BPF sources (its data files, installed to <prefix>/share/straggler/bpf)."""
     with zipfile.ZipFile(wheel) as archive:
-        return any(name.endswith("/cuda.c") and "bpf/" in name for name in archive.namelist())
+        return any(name.endswith("/data/share/straggler/bpf/cuda.c") for name in archive.namelist())
 
 
 def describe(wheel, digest, changed):
-    return {"changed": changed, "wheel": wheel, "sha256": file_sha256(wheel), "source_hash": digest,
-            "bpf_in_wheel": bpf_in_wheel(wheel)}
+    return {"changed": changed, "wheel": wheel, "sha256": file_sha256(wheel), "source_hash": digest}
 
 
 def build(source, cache, python):
@@ -100,6 +100,9 @@ def build(source, cache, python):
             tail = "\n".join(proc.stdout.splitlines()[-20:])
             raise SystemExit(f"build_wheel: `{' '.join(cmd)}` failed (status {proc.returncode}); the build needs "
                              f"setuptools and wheel in {python}:\n{tail}")
+        if not bpf_in_wheel(built):
+            raise SystemExit(f"build_wheel: {os.path.basename(built)} lacks the BPF sources (share/straggler/bpf): "
+                             f"{source}/pyproject.toml must list bpf/ under [tool.setuptools.data-files]")
         staged = os.path.join(work, "staged")
         os.makedirs(staged)
         shutil.move(built, os.path.join(staged, os.path.basename(built)))
