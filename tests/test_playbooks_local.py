@@ -116,3 +116,59 @@ def test_the_agent_role_installs_the_wheel_bundled_with_it(tmp_path):
     assert "BPF sources" not in out.split("TASK [straggler_agent : Check that the agent's Python imports BCC")[0], shown(proc)
     assert not (tmp_path / "wheels").exists() and not (tmp_path / "host").exists()
 
+
+def test_tls_files_writes_the_four_files_atomically_once_and_only_what_changed(tmp_path):
+    """straggler.fleet.tls_files (what the pki role installs a host's TLS files with, one module run):
+    check mode on a missing directory writes nothing; then the four files with their modes; a second
+    run changes nothing; a new CRL rewrites crl.pem alone (the others keep their inode); the key is
+    never shown."""
+    pem = {name: f"-----BEGIN {name.upper()}-----\n{name} of this test\n-----END {name.upper()}-----\n"
+           for name in ("ca", "crl", "cert", "key")}
+    src = tmp_path / "src"
+    src.mkdir()
+    for name, text in pem.items():
+        (src / name).write_text(text)
+    dest = tmp_path / "tls"
+    playbook = tmp_path / "playbook.yml"
+    playbook.write_text(textwrap.dedent(f"""\
+        - name: tls_files
+          hosts: localhost
+          gather_facts: false
+          tasks:
+            - name: write them
+              straggler.fleet.tls_files:
+                dest: {dest}
+                ca: "{{{{ lookup('ansible.builtin.file', '{src}/ca', rstrip=false) }}}}"
+                crl: "{{{{ lookup('ansible.builtin.file', '{src}/crl', rstrip=false) }}}}"
+                cert: "{{{{ lookup('ansible.builtin.file', '{src}/cert', rstrip=false) }}}}"
+                key: "{{{{ lookup('ansible.builtin.file', '{src}/key', rstrip=false) }}}}"
+              register: out
+            - name: show
+              ansible.builtin.debug:
+                msg: "RESULT {{{{ out.changed }}}} {{{{ out.changed_files | join(',') }}}}"
+        """))
+
+    def run(*args):
+        proc = ansible_playbook("-i", "localhost,", "-c", "local", playbook, "-v", *args,
+                                "-e", json.dumps({"ansible_python_interpreter": HOST_PYTHON}))
+        assert proc.returncode == 0, shown(proc)
+        assert "key of this test" not in proc.stdout + proc.stderr, shown(proc)     # no_log on the key
+        return re.search(r"RESULT (\w+) ([\w.,]*)", proc.stdout).groups()
+
+    assert run("--check") == ("True", "ca.crt,crl.pem,node.crt,node.key") and not dest.exists()
+    dest.mkdir()
+    assert run() == ("True", "ca.crt,crl.pem,node.crt,node.key")
+    files = {"ca.crt": "ca", "crl.pem": "crl", "node.crt": "cert", "node.key": "key"}
+    for name, option in files.items():
+        assert (dest / name).read_text() == pem[option]
+        assert (dest / name).stat().st_mode & 0o777 == (0o600 if name == "node.key" else 0o644), name
+    inodes = {name: (dest / name).stat().st_ino for name in files}
+    assert run() == ("False", "")
+    (src / "crl").write_text(pem["crl"].replace("of this test", "revoking one"))
+    assert run("--check") == ("True", "crl.pem") and "of this test" in (dest / "crl.pem").read_text()
+    assert run() == ("True", "crl.pem") and "revoking one" in (dest / "crl.pem").read_text()
+    assert {n: (dest / n).stat().st_ino for n in files if n != "crl.pem"} == {n: i for n, i in inodes.items()
+                                                                             if n != "crl.pem"}
+    assert not [p for p in dest.iterdir() if p.name.startswith(".")]          # no temporary left
+    (dest / "node.key").chmod(0o644)                                          # a mode drifted: put back
+    assert run() == ("True", "node.key") and (dest / "node.key").stat().st_mode & 0o777 == 0o600
