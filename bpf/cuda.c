@@ -44,6 +44,8 @@
 #define WHY_SAMPLE 8
 #define WHY_ERROR 16   /* the call returned an error: cudaError_t, CUresult and ncclResult_t are 0 on success */
 #define WHY_SETUP 32   /* communicator set-up (ARG_NCCL_INIT, ARG_NCCL_SPLIT): rare, and what explain groups by */
+#define NCCL_IN_PROGRESS 7   /* ncclInProgress */
+#define CLASS_COLLECTIVE 3   /* op_class: NCCL's functions (probes/symbols.py CALL_CLASSES) */
 
 struct agg_key {
     u32 tgid;
@@ -330,12 +332,16 @@ int call_return(struct pt_regs *ctx)
         why |= WHY_OFFCPU;
     if (c->sample_n && bpf_get_prandom_u32() % c->sample_n == 0)
         why |= WHY_SAMPLE;
-    if ((int)PT_REGS_RC(ctx) != 0)
+    int rc = (int)PT_REGS_RC(ctx);
+    /* ncclInProgress from a non-blocking communicator is not a failure (its operation goes on) */
+    u32 *call_cls = op_class.lookup(&op_index);
+    int in_progress = rc == NCCL_IN_PROGRESS && call_cls && *call_cls == CLASS_COLLECTIVE;
+    if (rc != 0 && !in_progress)
         why |= WHY_ERROR;
     u64 new_comm = 0;
     if (f->out_comm) {
         why |= WHY_SETUP;
-        if ((int)PT_REGS_RC(ctx) == 0 && f->bytes)
+        if ((rc == 0 || in_progress) && f->bytes)   /* non-blocking: the pointer is valid at once */
             bpf_probe_read_user(&new_comm, sizeof(new_comm), (void *)f->bytes);
         f->bytes = 0;
         f->dims[4] = (u32)new_comm;

@@ -332,12 +332,12 @@ class TestRecordAll:
                 assert json.loads(row[19])["symbol"] == symbol
 
     def test_first_calls_after_an_exec_carry_the_new_rank(self, agent, launcher, standin):
-        """A trainer is often exec'd by a wrapper that the agent already tracks, whose environment had no
-        RANK (a shell that sets it, then execs). Its first calls, made at once, must carry the rank it has
-        after the exec, not the wrapper's none."""
+        """A trainer is often exec'd by a wrapper that the agent already tracks, whose environment had
+        another RANK, or none (a shell that sets it, then execs). Its first calls, made at once, must carry
+        the rank it has after the exec, not the wrapper's."""
         script = ('sleep 0.6; exec env RANK=5 LOCAL_RANK=2 WORLD_SIZE=8 "$0" --lib-dir "$1" --mode mix '
                   '--iterations 3 --rate 1000')
-        child = launcher.start(["env", "-u", "RANK", "-u", "LOCAL_RANK", "sh", "-c", script, standin["workload"],
+        child = launcher.start(["env", "RANK=9", "LOCAL_RANK=7", "sh", "-c", script, standin["workload"],
                                 standin["lib_dir"]], env=STANDIN_ENV)
         summary = child.workload_summary()
         pid = summary["pid"]

@@ -153,12 +153,12 @@ def _setup(node, op, ts, address, pid=1, ret=0, **kw):
 
 def test_communicators_are_matched_across_nodes_by_id_and_by_parent_and_color():
     from straggler.analysis.explain import comms
-    rows = [_setup("a", "ncclCommInitRank", 1, "0xa0", id="0x11", nranks=2, comm_rank=0),
-            _setup("b", "ncclCommInitRank", 1, "0xb0", id="0x11", nranks=2, comm_rank=1),
+    rows = [_setup("a", "ncclCommInitRank", 1, "0xa0", unique_id="0x11", nranks=2, comm_rank=0),
+            _setup("b", "ncclCommInitRank", 1, "0xb0", unique_id="0x11", nranks=2, comm_rank=1),
             _setup("a", "ncclCommSplit", 2, "0xa1", parent="0xa0", color=3),
             _setup("b", "ncclCommSplit", 2, "0xb1", parent="0xb0", color=3),
             _setup("a", "ncclCommSplit", 3, "0xa2", parent="0xa1", color=0),      # a split of a split
-            _setup("b", "ncclCommInitRank", 4, "0xb9", ret=1, id="0x22", nranks=2, comm_rank=1),   # failed: ignored
+            _setup("b", "ncclCommInitRank", 4, "0xb9", ret=1, unique_id="0x22", nranks=2, comm_rank=1),   # failed: ignored
             _setup("b", "ncclCommSplit", 5, "0xb5", parent="0xdead", color=1)]    # its parent's set-up unseen
     ids = comms.cluster_ids(rows)
     assert ids[("a", 1, "0xa0")] == ("id 0x11", "ncclCommInitRank", 2, 0)
@@ -167,14 +167,40 @@ def test_communicators_are_matched_across_nodes_by_id_and_by_parent_and_color():
     assert ids[("a", 1, "0xa2")][0] == "id 0x11 / color 3 / color 0"
     assert ("b", 1, "0xb9") not in ids
     assert ids[("b", 1, "0xb5")][0] == "0xdead / color 1 on b pid 1"
-    # a pointer reused for a later communicator (the first destroyed) is the later one
-    again = comms.cluster_ids(rows + [_setup("a", "ncclCommInitRank", 9, "0xa0", id="0x33", nranks=4, comm_rank=2)])
+    assert ids[("b", 1, "0xb5")][1] is None                     # so: not matched across nodes
+    # a pointer reused for a later communicator (the first destroyed) is the later one, whatever made it
+    again = comms.cluster_ids(rows + [_setup("a", "ncclCommInitRank", 9, "0xa0", unique_id="0x33", nranks=4, comm_rank=2),
+                                      _setup("a", "ncclCommInitRank", 10, "0xa1", unique_id="0x44", nranks=2, comm_rank=0)])
     assert again[("a", 1, "0xa0")] == ("id 0x33", "ncclCommInitRank", 4, 2)
+    assert again[("a", 1, "0xa1")][0] == "id 0x44"             # the split made there at ts 2 is gone
+    assert again[("a", 1, "0xa2")][0] == "id 0x11 / color 3 / color 0"     # resolved when it was made
+
+
+def test_same_named_communicators_are_told_apart_in_the_order_each_rank_made_them():
+    from straggler.analysis.explain import comms
+    rows = []
+    for n in "ab":
+        rows += [_setup(n, "ncclCommInitRank", 1, f"0x{n}0", unique_id="0x11", nranks=2, comm_rank=int(n == "b")),
+                 # two groups of the same ranks: one parent, one color (torch colors by the ranks' list)
+                 _setup(n, "ncclCommSplit", 2, f"0x{n}1", parent=f"0x{n}0", color=5),
+                 _setup(n, "ncclCommSplit", 3, f"0x{n}2", parent=f"0x{n}0", color=5, ret=7),   # non-blocking
+                 # NCCL_COMM_ID: every init gets the same fixed magic
+                 _setup(n, "ncclCommInitRank", 4, f"0x{n}3", unique_id="0x11", nranks=2, comm_rank=int(n == "b"))]
+    ids = comms.cluster_ids(rows)
+    for n in "ab":
+        assert [ids[(n, 1, f"0x{n}{i}")][0] for i in range(4)] == ["id 0x11", "id 0x11 / color 5",
+                                                                   "id 0x11 / color 5 #2", "id 0x11 #2"]
+    colls = [dict(node=n, pid=1, communicator=f"0x{n}{i}", op="ncclAllReduce", calls=1, dur_ns=100 * (i + 1))
+             for n in "ab" for i in range(4)]
+    found = comms.group(rows, colls)
+    assert len(found) == 4 and all(len(c.members) == 2 for c in found)
+    for c in found:                                              # each member's number is its own pointer's
+        assert len({m.dur_ns for m in c.members}) == 1
 
 
 def test_collectives_grouped_and_where_the_peers_wait():
     from straggler.analysis.explain import comms
-    setups = [_setup(n, "ncclCommInitRank", 1, f"0x{n}0", id="0x11", nranks=3, comm_rank=i) for i, n in enumerate("abc")]
+    setups = [_setup(n, "ncclCommInitRank", 1, f"0x{n}0", unique_id="0x11", nranks=3, comm_rank=i) for i, n in enumerate("abc")]
     setups += [_setup(n, "ncclCommSplit", 2, f"0x{n}1", parent=f"0x{n}0", color=int(n == "c")) for n in "abc"]
     colls = [dict(node=n, pid=1, communicator=f"0x{n}0", op="ncclAllReduce", calls=10, dur_ns=ns)
              for n, ns in (("a", 100), ("b", 900), ("c", 950))]
@@ -188,6 +214,10 @@ def test_collectives_grouped_and_where_the_peers_wait():
     assert [m.node for m in by["id 0x11 / color 0"].members] == ["a", "b"]
     assert not by["0xc9 on c pid 1"].matched and by["id 0x11"].matched
     assert found[0].cid == "id 0x11 / color 0"                  # the busiest first
-    c, others, mine = comms.where_waited(found, ("a", 1))
+    c, others, mine = comms.where_waited(found, ("a", 1), wall_ns=10_000)
     assert (c.cid, others, mine) == ("id 0x11 / color 0", 2000, 50)   # b waited 2000 in the pair, 925 in the world
-    assert comms.where_waited(found, ("z", 1)) is None
+    assert comms.where_waited(found, ("z", 1), wall_ns=10_000) is None
+    # a wait that is no real part of the window (collectives that only enqueue) names no communicator
+    assert comms.where_waited(found, ("a", 1), wall_ns=10_000_000) is None
+    # nor one the straggler itself spends as long in (c: 950 in the world, its peers 500)
+    assert comms.where_waited(found, ("c", 1), wall_ns=10_000) is None

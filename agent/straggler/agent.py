@@ -330,19 +330,27 @@ class Agent:
         self.writer.submit_events(rows)
 
     def _restamp(self, rows, notices):
-        """The rank of rows decoded before this batch's notices were handled. A process that a target forked
-        (or that called CUDA before the agent knew it) was read while it still had its parent's environment,
-        or not at all: rows of its first calls would carry no rank. Now that its exec/new notice is handled
-        (its environment re-read), they get the rank it has."""
+        """The rank of rows decoded before this batch's notices were handled. A process that a target
+        forked (or that called CUDA before the agent knew it) was read while it still had its parent's
+        environment, or not at all: its rows would carry no rank, or the parent's. Now that its notice is
+        handled (its environment re-read): rows after its exec get the rank it has after the exec,
+        whatever was stamped; rows of a new process without a rank get its rank."""
         from .probes.records import PROC_EXEC, PROC_FORK, PROC_NEW
-        changed = {tgid for what, tgid, _parent, _comm, _ts in notices if what in (PROC_NEW, PROC_FORK, PROC_EXEC)}
-        if not changed:
+        execs, new = {}, set()
+        for what, tgid, _parent, _comm, ts in notices:
+            if what == PROC_EXEC:
+                execs[tgid] = min(execs.get(tgid, ts), ts)
+            elif what in (PROC_NEW, PROC_FORK):
+                new.add(tgid)
+        if not execs and not new:
             return rows
         out = []
         for row in rows:
-            if row[0] is None and row[4] in changed:
-                rank, local_rank = self.rank_of(row[4])
-                if rank is not None:
+            tgid = row[4]
+            exec_ts = execs.get(tgid)
+            if (exec_ts is not None and row[7] >= exec_ts) or (row[0] is None and tgid in new):
+                rank, local_rank = self.rank_of(tgid)
+                if (rank, local_rank) != (row[0], row[1]):
                     row = (rank, local_rank) + row[2:]
             out.append(row)
         return out

@@ -608,18 +608,24 @@ def _waiter_finding(report, ctx):
 COLLECTIVE_OPS = tuple(op for op, _source, kind, _groups in symbols.FUNCTIONS if kind in symbols.ARG_NCCL_COLL_KINDS)
 
 
+MEMBERS_SHOWN = 8      # per communicator, in a summary and its numbers (a data-parallel group can have thousands)
+
+
 def _comm_label(c):
     if not c.matched:
-        return (f"communicator {c.cid} (its set-up was not traced: the agent attached after the job made it, so its "
-                "members on other nodes cannot be matched)")
+        return (f"communicator {c.cid} (its set-up was not traced: made before the agent attached, or by a call it "
+                "does not trace such as ncclCommInitAll, so its members on other nodes cannot be matched)")
     size = f"{len(c.members)} of {c.nranks} ranks" if c.nranks else f"{len(c.members)} ranks"
-    ranks = ", ".join(f"{m.node}" + (f" rank {m.rank}" if m.rank is not None else "") for m in c.members)
+    ranks = ", ".join(f"{m.node}" + (f" rank {m.rank}" if m.rank is not None else "") for m in c.members[:MEMBERS_SHOWN])
+    if len(c.members) > MEMBERS_SHOWN:
+        ranks += f", and {len(c.members) - MEMBERS_SHOWN} more"
     return f"communicator {c.cid} ({size}, made by {c.made_by}: {ranks})"
 
 
 def _communicator_finding(report, ctx, span_rows):
     """The job's NCCL communicators (matched across nodes by their set-up) and each rank's recorded time
-    in the collectives of each; with a straggler, the communicator in which its peers wait for it."""
+    in the collectives of each; with a straggler, the communicator in which its peers wait for it, when
+    they do wait inside collective calls (not with collectives that only enqueue)."""
     windows = [w for w in ctx["windows"] if (w[0], w[1]) in ctx["recent"]]
     if not windows:
         return
@@ -635,44 +641,47 @@ def _communicator_finding(report, ctx, span_rows):
         return
     numbers, sources = {}, {}
 
-    def cite(i, c, m):
-        name = f"comm{i}.{m.node}.pid{m.pid}.dur_ns"
-        numbers[name] = m.dur_ns
-        sources[name] = dict(sql="collectives", match={"node": m.node, "pid": m.pid, "communicator": m.address},
-                             column="dur_ns", sum=True)
+    def cite(i, c):
+        for m in c.members[:MEMBERS_SHOWN]:
+            name = f"comm{i}.{m.node}.pid{m.pid}.dur_ns"
+            numbers[name] = m.dur_ns
+            sources[name] = dict(sql="collectives", match={"node": m.node, "pid": m.pid, "communicator": m.address},
+                                 column="dur_ns", sum=True)
 
-    def times(c, limit=8):
-        parts = [f"{m.node} {_fmt_ns(m.dur_ns)}" for m in c.members[:limit]]
-        return ", ".join(parts) + (f", and {len(c.members) - limit} more" if len(c.members) > limit else "")
+    def times(c):
+        parts = [f"{m.node} {_fmt_ns(m.dur_ns)}" for m in c.members[:MEMBERS_SHOWN]]
+        more = len(c.members) - MEMBERS_SHOWN
+        return ", ".join(parts) + (f", and {more} more" if more > 0 else "")
 
     def ops(c):
         return ", ".join(f"{op} ×{n:,}" for op, n in sorted(c.ops().items(), key=lambda kv: -kv[1]))
 
     shown = found[:4]
     for i, c in enumerate(shown):
-        for m in c.members:
-            cite(i, c, m)
+        cite(i, c)
     verdict = ctx["verdict"]
-    enqueue = (" (in this job the ranks wait for each other in synchronize too, as with collectives that only enqueue: "
-               "these are the collectives' part)") if verdict.wait_def == "enqueue" else ""
     node, share, waited_in = None, 0.0, None
     if verdict.stragglers:
         rt = verdict.stragglers[0]["rank"]
         node = rt.key[0]
-        where = comms_model.where_waited(found, rt.key)
+        where = comms_model.where_waited(found, rt.key, rt.wall_ns)
         if where is not None:
             c, others_ns, mine_ns = where
             waited_in = c
             head = (f"its peers wait for {_who(rt)} in {_comm_label(c)}: in its recorded collectives ({ops(c)}) over "
                     f"the recent window the other members spent {_fmt_ns(others_ns)} (median), {_who(rt)} "
-                    f"{_fmt_ns(mine_ns)} — {times(c)}{enqueue}")
+                    f"{_fmt_ns(mine_ns)} — {times(c)}")
             if all(c is not x for x in shown):
-                for m in c.members:
-                    cite(len(shown), c, m)
+                cite(len(shown), c)
+        elif verdict.wait_def == "enqueue":
+            head = (f"the ranks wait for {_who(rt)} in synchronize, not inside collective calls (collectives that only "
+                    "enqueue): which communicator holds them cannot be told from the calls' times; recorded collective "
+                    "time per communicator")
         else:
-            head = f"{_who(rt)} made no recorded collective with a peer in any communicator seen{enqueue}"
+            head = (f"no communicator of {_who(rt)}'s shows its peers waiting inside its collectives (at least 5% of "
+                    "the window and twice its own); recorded collective time per communicator")
     else:
-        head = f"no straggler; recorded collective time per rank{enqueue}"
+        head = "no straggler; recorded collective time per communicator"
     rest = [c for c in shown if c is not waited_in]
     tail = "; ".join(f"{_comm_label(c)}: {ops(c)} — {times(c)}" for c in rest)
     more = f"; and {len(found) - len(shown)} more communicator(s)" if len(found) > len(shown) else ""

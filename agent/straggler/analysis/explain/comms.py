@@ -9,8 +9,14 @@ communicator it is:
                             rank in it;
   ncclCommSplit             the parent's communicator and the color: the ranks of one parent that pass
                             one color make one new communicator.
-A communicator whose set-up the agent did not see (it attached after the job had made it) is known only
-on its own process: it is listed, but its members on other nodes cannot be matched to it.
+A communicator whose set-up the agent did not see (made before the agent attached, or by a call it does
+not trace, such as ncclCommInitAll) is known only on its own process: it is listed, but its members on
+other nodes cannot be matched to it.
+
+Where the peers wait: in a communicator's collectives when they block (gloo, NCCL's host-side waits);
+with collectives that only enqueue (NCCL on GPUs) they wait in synchronize instead, and the calls'
+times cannot tell which communicator holds them: explain then says so rather than pick one
+(where_waited's thresholds).
 
 In a synchronous job the ranks wait for the straggler inside the collectives of the communicators it is
 a member of; with several (tensor-, pipeline-, data-parallel groups) the one its peers wait in most is
@@ -65,36 +71,42 @@ class Communicator:
         return out
 
 
+# ncclResult_t of a set-up that made its communicator: ncclSuccess, or ncclInProgress (7) from a
+# non-blocking communicator (config.blocking = 0), whose pointer is valid at once
+SETUP_OK = (0, 7)
+
+
 def cluster_ids(setup_rows):
     """{(node, pid, address): (cid, made_by, nranks, comm_rank)} from the set-up rows (sql.comm_setups:
-    node, pid, op, ts, ret, communicator, id, nranks, comm_rank, parent, color; successful ones only). A process's later set-up of the same address (a communicator destroyed
-    and another made where it was) replaces the earlier one. Splits are resolved through their parent,
-    so a split of a split is named after the whole chain."""
-    rows = sorted(setup_rows, key=lambda r: (int(r.get("ts") or 0)))
-    out, splits = {}, []
+    node, pid, op, ts, ret, communicator, unique_id, nranks, comm_rank, parent, color).
+
+    One pass in time order, so each set-up sees the communicators of its process as they were then: a
+    split resolves its parent at once (a split of a split is named after the whole chain), and a later
+    set-up at the same address (one destroyed, another made where it was) replaces the earlier one.
+    The n-th communicator a process makes with the same name (two splits of one parent with one color,
+    as for two groups of the same ranks; two inits with one fixed id, as with NCCL_COMM_ID) is "#n":
+    every rank makes its communicators in the same order. A split whose parent was not seen is this
+    process's view only (made_by None: its members elsewhere cannot be matched)."""
+    rows = sorted(setup_rows, key=lambda r: int(r.get("ts") or 0))
+    out, seen = {}, {}
     for r in rows:
-        d = r
-        address = d.get("communicator")
-        if (r.get("ret") not in (0, None)) or not address or address == "0x0":
+        address = r.get("communicator")
+        if r.get("ret") not in SETUP_OK + (None,) or not address or address == "0x0":
             continue
-        key = (r["node"], int(r["pid"]), address)
-        if r["op"] == "ncclCommInitRank" and d.get("id"):
-            out[key] = (f"id {d['id']}", "ncclCommInitRank", d.get("nranks"), d.get("comm_rank"))
+        node, pid = r["node"], int(r["pid"])
+        if r["op"] == "ncclCommInitRank" and r.get("unique_id"):
+            name, made_by, nranks, comm_rank = f"id {r['unique_id']}", "ncclCommInitRank", r.get("nranks"), r.get("comm_rank")
         elif r["op"] == "ncclCommSplit":
-            splits.append((key, d))
-    for _ in range(8):                  # a split of a split: resolve in rounds (bounded)
-        left = []
-        for key, d in splits:
-            parent = out.get((key[0], key[1], d.get("parent")))
-            if parent is None:
-                left.append((key, d))
+            parent = out.get((node, pid, r.get("parent")))
+            if parent is None or parent[1] is None:
+                out[(node, pid, address)] = (f"{r.get('parent')} / color {r.get('color')} on {node} pid {pid}", None,
+                                             None, None)
                 continue
-            out[key] = (f"{parent[0]} / color {d.get('color')}", "ncclCommSplit", None, None)
-        if len(left) == len(splits):
-            break
-        splits = left
-    for key, d in splits:               # the parent's set-up was not seen: this process's view only
-        out[key] = (f"{d.get('parent')} / color {d.get('color')} on {key[0]} pid {key[1]}", "ncclCommSplit", None, None)
+            name, made_by, nranks, comm_rank = f"{parent[0]} / color {r.get('color')}", "ncclCommSplit", None, None
+        else:
+            continue
+        n = seen[(node, pid, name)] = seen.get((node, pid, name), 0) + 1
+        out[(node, pid, address)] = (name if n == 1 else f"{name} #{n}", made_by, nranks, comm_rank)
     return out
 
 
@@ -128,9 +140,11 @@ def group(setup_rows, collective_rows, ranks=None):
     return sorted(comms.values(), key=lambda c: (-c.dur_ns, c.cid))
 
 
-def where_waited(comms, straggler_key):
-    """(communicator, the other members' median recorded time, the straggler's) for the communicator of
-    the straggler in which its peers spent the most time in collectives; None if it is in none with peers."""
+def where_waited(comms, straggler_key, wall_ns, min_share=0.05, min_ratio=2.0):
+    """(communicator, the other members' median recorded collective time, the straggler's) for the
+    communicator of the straggler's in which its peers spent the most time in collectives -- only when
+    that wait is real: at least min_share of the window (wall_ns) and min_ratio times the straggler's own.
+    None otherwise (it is in no communicator with peers, or they do not wait inside collective calls)."""
     best = None
     for c in comms:
         mine = c.member(straggler_key)
@@ -138,6 +152,8 @@ def where_waited(comms, straggler_key):
         if mine is None or not others:
             continue
         med = others[len(others) // 2] if len(others) % 2 else (others[len(others) // 2 - 1] + others[len(others) // 2]) / 2
+        if med < min_share * wall_ns or med < min_ratio * mine.dur_ns:
+            continue
         if best is None or med > best[1]:
             best = (c, med, mine.dur_ns)
     return best

@@ -132,11 +132,13 @@ def _bounds(since_ns, until_ns, column="ts"):
 
 
 def call_errors(since_ns=None, until_ns=None):
-    """Traced calls that returned an error, per node, op and code (the agent records every one)."""
+    """Traced calls that returned an error, per node, op and code (the agent records every one; NCCL's
+    ncclInProgress, 7, from a non-blocking communicator, is not one)."""
     return f"""
 SELECT node, source, op, ret, COUNT(*) AS failed, MIN(ts) AS first_ts, MAX(ts + duration) AS last_ts
 FROM events
-WHERE source IN ('cuda', 'driver', 'nccl') AND ret IS NOT NULL AND ret != 0{_bounds(since_ns, until_ns)}
+WHERE source IN ('cuda', 'driver', 'nccl') AND ret IS NOT NULL AND ret != 0
+  AND NOT (source = 'nccl' AND ret = 7){_bounds(since_ns, until_ns)}
 GROUP BY node, source, op, ret
 ORDER BY node, failed DESC, op, ret"""
 
@@ -160,18 +162,19 @@ ORDER BY node"""
 
 
 def comm_setups(until_ns=None):
-    """NCCL communicators made (ncclCommInitRank*, ncclCommSplit: the agent records each): per node and
-    process, the communicator's pointer there and what names it across the cluster (the unique id's magic,
-    or the parent and color). Not cut at --since: a job makes its communicators when it starts."""
+    """NCCL communicators made (ncclCommInitRank*, ncclCommSplit: the agent records each; ret 0, or 7,
+    ncclInProgress, from a non-blocking one): per node and process, in time order, the communicator's
+    pointer there and what names it across the cluster (the unique id's magic, or the parent and color).
+    Not cut at --since: a job makes its communicators when it starts. (No alias may take a column's name,
+    "id" or "comm": SQLite resolves GROUP BY and ORDER BY names to the table's columns first.)"""
     return f"""
-SELECT node, pid, MIN(rank) AS rank, op, MAX(ts) AS ts, 0 AS ret,
-       json_extract(detail, '$.comm') AS communicator, json_extract(detail, '$.id') AS id,
+SELECT node, pid, rank, op, ts, ret,
+       json_extract(detail, '$.comm') AS communicator, json_extract(detail, '$.id') AS unique_id,
        json_extract(detail, '$.nranks') AS nranks, json_extract(detail, '$.rank') AS comm_rank,
        json_extract(detail, '$.parent') AS parent, json_extract(detail, '$.color') AS color
 FROM events
-WHERE source = 'nccl' AND op IN ('ncclCommInitRank', 'ncclCommSplit') AND ret = 0
+WHERE source = 'nccl' AND op IN ('ncclCommInitRank', 'ncclCommSplit') AND ret IN (0, 7)
   AND json_extract(detail, '$.comm') != '0x0'{_bounds(None, until_ns)}
-GROUP BY node, pid, op, communicator, id, nranks, comm_rank, parent, color
 ORDER BY node, pid, ts"""
 
 
