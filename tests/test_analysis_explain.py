@@ -355,3 +355,20 @@ def test_communicators_without_a_traced_set_up_are_kept_per_process(cluster, tmp
 def test_no_communicator_finding_without_nccl_communicators(cluster):
     db, _ = cluster["io_cpu"]
     assert "communicators" not in {f.cause for f in explain.explain_db(db).findings}
+
+
+def test_no_communicator_is_named_when_the_peers_do_not_wait_inside_collectives(cluster, tmp_path):
+    """Collectives that only enqueue (NCCL on GPUs) take microseconds on every rank: the wait is in
+    synchronize, and the calls cannot tell which communicator holds the ranks; explain must not pick one."""
+    db, _ = cluster["io_cpu"]
+    copy = _with_communicators(db, tmp_path, {"gpu-node-01": 0, "gpu-node-02": 0, "gpu-node-03": 1, "gpu-node-04": 1})
+    conn = sqlite3.connect(copy)
+    conn.execute("UPDATE events SET duration = 20000 WHERE op = 'ncclAllReduce'")
+    conn.commit()
+    conn.close()
+    report = explain.explain_db(copy)
+    assert report.straggler == "gpu-node-03"
+    (f,) = _by_cause(report, "communicators")
+    assert not f.summary.startswith("its peers wait for"), f.summary
+    assert "recorded collective time per communicator" in f.summary and "nothing to fix here" in f.recommendation
+    assert "communicator id 0x00c0ffee00c0ffee / color 1 (2 ranks" in f.summary      # still listed
