@@ -64,10 +64,11 @@ def test_unprefixed_inventory_variables_do_not_change_what_trace_yml_does(tmp_pa
     assert not (tmp_path / "host").exists()                        # the host side does not
 
 
-def test_the_agent_role_refuses_a_duration_the_agent_cannot_read(tmp_path):
+def agent_role_playbook(tmp_path, play_name):
+    """A playbook that includes the straggler_agent role on localhost."""
     playbook = tmp_path / "playbook.yml"
-    playbook.write_text(textwrap.dedent("""\
-        - name: the role's argument check only
+    playbook.write_text(textwrap.dedent(f"""\
+        - name: {play_name}
           hosts: localhost
           gather_facts: false
           tasks:
@@ -75,6 +76,11 @@ def test_the_agent_role_refuses_a_duration_the_agent_cannot_read(tmp_path):
               ansible.builtin.include_role:
                 name: straggler_agent
         """))
+    return playbook
+
+
+def test_the_agent_role_refuses_a_duration_the_agent_cannot_read(tmp_path):
+    playbook = agent_role_playbook(tmp_path, "the role's argument check only")
     proc = ansible_playbook(playbook, "-i", "localhost,", "-c", "local", "--check",
                             "-e", json.dumps(dict(straggler_agent_duration="5 minutes")), "-e", f"ansible_python_interpreter={HOST_PYTHON}")
     assert proc.returncode == 2, shown(proc)
@@ -91,16 +97,7 @@ def test_the_agent_role_installs_the_wheel_bundled_with_it(tmp_path):
     shutil.copytree(REPO / "roles" / "straggler_agent", roles / "straggler_agent")
     (roles / "straggler_agent" / "files" / "wheels").mkdir()
     (roles / "straggler_agent" / "files" / "wheels" / "straggler-9.9.9-py3-none-any.whl").write_bytes(b"stand-in")
-    playbook = tmp_path / "playbook.yml"
-    playbook.write_text(textwrap.dedent("""\
-        - name: the role with bundled files
-          hosts: localhost
-          gather_facts: false
-          tasks:
-            - name: include the role
-              ansible.builtin.include_role:
-                name: straggler_agent
-        """))
+    playbook = agent_role_playbook(tmp_path, "the role with bundled files")
     extra = dict(straggler_agent_source_dir=str(tmp_path / "no-checkout"), straggler_agent_wheel_cache=str(tmp_path / "wheels"),
                  straggler_agent_venv=str(tmp_path / "host" / "venv"), straggler_agent_db=str(tmp_path / "host" / "s.db"),
                  straggler_agent_install_packages=False, straggler_agent_mount_tracefs=False,

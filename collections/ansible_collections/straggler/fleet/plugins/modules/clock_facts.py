@@ -53,21 +53,12 @@ extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
   - ansible.builtin.action_common_attributes.facts
+  - straggler.fleet.host
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
   check_mode:
     support: full
-  diff_mode:
-    support: none
   facts:
     support: full
-  platform:
-    platforms: posix
 notes:
   - Offsets are host minus controller (positive means the host's wall clock is ahead).
   - All times are integer nanoseconds.

@@ -60,13 +60,8 @@ extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
   - ansible.builtin.action_common_attributes.conn
+  - straggler.fleet.host
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
   become:
     support: full
   connection:
@@ -76,10 +71,6 @@ attributes:
   check_mode:
     support: full
     details: Checks the database and the agent CLI on the host; snapshots and fetches nothing.
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
 notes:
   - The file name on the controller is the inventory hostname, so M(straggler.fleet.merge) can tell the nodes apart
     even before reading them.
