@@ -333,9 +333,13 @@ int call_return(struct pt_regs *ctx)
     if (c->sample_n && bpf_get_prandom_u32() % c->sample_n == 0)
         why |= WHY_SAMPLE;
     int rc = (int)PT_REGS_RC(ctx);
-    /* ncclInProgress from a non-blocking communicator is not a failure (its operation goes on) */
-    u32 *call_cls = op_class.lookup(&op_index);
-    int in_progress = rc == NCCL_IN_PROGRESS && call_cls && *call_cls == CLASS_COLLECTIVE;
+    /* ncclInProgress from a non-blocking communicator is not a failure (its operation goes on); the
+     * class is looked up only for that code, not on every return */
+    int in_progress = 0;
+    if (rc == NCCL_IN_PROGRESS) {
+        u32 *call_cls = op_class.lookup(&op_index);
+        in_progress = call_cls && *call_cls == CLASS_COLLECTIVE;
+    }
     if (rc != 0 && !in_progress)
         why |= WHY_ERROR;
     u64 new_comm = 0;

@@ -214,6 +214,14 @@ ERROR_NAMES = {
 }
 
 
+# A return code that is not a failure although it is not 0: ncclInProgress, from a non-blocking NCCL
+# communicator (its operation goes on; a set-up's new communicator is valid at once). The kernel mirrors
+# it (bpf/cuda.c NCCL_IN_PROGRESS: such a call gets no "error" row); explain's SQL reads NOT_FAILURES.
+NCCL_IN_PROGRESS = 7
+NOT_FAILURES = {"nccl": (NCCL_IN_PROGRESS,)}
+SETUP_OK = (0, NCCL_IN_PROGRESS)        # a communicator set-up that made its communicator
+
+
 def error_name(source, code):
     """'35 cudaErrorInsufficientDriver', or the number alone when the code is not a common one."""
     name = ERROR_NAMES.get(source, {}).get(code)

@@ -22,7 +22,10 @@ In a synchronous job the ranks wait for the straggler inside the collectives of 
 a member of; with several (tensor-, pipeline-, data-parallel groups) the one its peers wait in most is
 where it holds the job up, and its members are the ranks it delays first.
 """
+import statistics
 from dataclasses import dataclass, field
+
+from ...probes.symbols import SETUP_OK   # ncclSuccess, or ncclInProgress from a non-blocking one
 
 
 @dataclass
@@ -71,11 +74,6 @@ class Communicator:
         return out
 
 
-# ncclResult_t of a set-up that made its communicator: ncclSuccess, or ncclInProgress (7) from a
-# non-blocking communicator (config.blocking = 0), whose pointer is valid at once
-SETUP_OK = (0, 7)
-
-
 def cluster_ids(setup_rows):
     """{(node, pid, address): (cid, made_by, nranks, comm_rank)} from the set-up rows (sql.comm_setups:
     node, pid, op, ts, ret, communicator, unique_id, nranks, comm_rank, parent, color).
@@ -116,7 +114,7 @@ def group(setup_rows, collective_rows, ranks=None):
     collective_rows: {node, pid, communicator (its address), op, calls, dur_ns}; ranks: {(node, pid): job rank}."""
     ids = cluster_ids(setup_rows)
     ranks = ranks or {}
-    comms = {}
+    comms, members = {}, {}           # cid -> Communicator; (cid, node, pid) -> Member (no scan per row)
     for r in collective_rows:
         address = r.get("communicator")
         if not address:
@@ -127,9 +125,10 @@ def group(setup_rows, collective_rows, ranks=None):
         c = comms.get(cid)
         if c is None:
             c = comms[cid] = Communicator(cid=cid, made_by=made_by, nranks=nranks)
-        m = c.member((node, pid))
+        m = members.get((cid, node, pid))
         if m is None:
-            m = Member(node=node, pid=pid, rank=ranks.get((node, pid)), comm_rank=comm_rank, address=address)
+            m = members[(cid, node, pid)] = Member(node=node, pid=pid, rank=ranks.get((node, pid)), comm_rank=comm_rank,
+                                                   address=address)
             c.members.append(m)
         m.calls += int(r.get("calls") or 0)
         m.dur_ns += int(r.get("dur_ns") or 0)
@@ -148,10 +147,10 @@ def where_waited(comms, straggler_key, wall_ns, min_share=0.05, min_ratio=2.0):
     best = None
     for c in comms:
         mine = c.member(straggler_key)
-        others = sorted(m.dur_ns for m in c.members if m.key != straggler_key)
+        others = [m.dur_ns for m in c.members if m.key != straggler_key]
         if mine is None or not others:
             continue
-        med = others[len(others) // 2] if len(others) % 2 else (others[len(others) // 2 - 1] + others[len(others) // 2]) / 2
+        med = statistics.median(others)
         if med < min_share * wall_ns or med < min_ratio * mine.dur_ns:
             continue
         if best is None or med > best[1]:

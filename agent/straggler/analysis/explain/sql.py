@@ -1,8 +1,10 @@
-"""The SQL explain runs: every query GROUPs BY node, so the same text runs on a merged cluster.db
-(once) or on every node's own store through the fleet client (once per node, rows combined).
+"""The SQL explain runs: every query is per node (GROUP BY node, or rows that carry their node), so the
+same text runs on a merged cluster.db (once) or on every node's own store through the fleet client
+(once per node, rows combined).
 Values computed from earlier answers (each rank's windows, the straggler's pid) are written into
 the later queries as literals, so each finding's SQL reproduces its numbers as it stands.
 Nothing here decides anything (model.py does), and no decision reads an SQL string."""
+from ...probes.symbols import NOT_FAILURES, SETUP_OK
 
 THREAD_SUMS = """SUM(tt.calls) AS calls, SUM(tt.work_ns) AS work_ns, SUM(tt.sync_ns) AS sync_ns,
        SUM(tt.coll_ns) AS coll_ns, SUM(tt.runq_ns) AS runq_ns, SUM(tt.runq_work_ns) AS runq_work_ns,
@@ -131,14 +133,19 @@ def _bounds(since_ns, until_ns, column="ts"):
     return out
 
 
+def _not_failures():
+    """The non-zero codes that are no failure (probes.symbols.NOT_FAILURES), as a WHERE clause part."""
+    return "".join(f"\n  AND NOT (source = {q(source)} AND ret IN ({', '.join(str(int(c)) for c in codes)}))"
+                   for source, codes in sorted(NOT_FAILURES.items()))
+
+
 def call_errors(since_ns=None, until_ns=None):
     """Traced calls that returned an error, per node, op and code (the agent records every one; NCCL's
     ncclInProgress, 7, from a non-blocking communicator, is not one)."""
     return f"""
 SELECT node, source, op, ret, COUNT(*) AS failed, MIN(ts) AS first_ts, MAX(ts + duration) AS last_ts
 FROM events
-WHERE source IN ('cuda', 'driver', 'nccl') AND ret IS NOT NULL AND ret != 0
-  AND NOT (source = 'nccl' AND ret = 7){_bounds(since_ns, until_ns)}
+WHERE source IN ('cuda', 'driver', 'nccl') AND ret IS NOT NULL AND ret != 0{_not_failures()}{_bounds(since_ns, until_ns)}
 GROUP BY node, source, op, ret
 ORDER BY node, failed DESC, op, ret"""
 
@@ -173,7 +180,7 @@ SELECT node, pid, rank, op, ts, ret,
        json_extract(detail, '$.nranks') AS nranks, json_extract(detail, '$.rank') AS comm_rank,
        json_extract(detail, '$.parent') AS parent, json_extract(detail, '$.color') AS color
 FROM events
-WHERE source = 'nccl' AND op IN ('ncclCommInitRank', 'ncclCommSplit') AND ret IN (0, 7)
+WHERE source = 'nccl' AND op IN ('ncclCommInitRank', 'ncclCommSplit') AND ret IN ({', '.join(map(str, SETUP_OK))})
   AND json_extract(detail, '$.comm') != '0x0'{_bounds(None, until_ns)}
 ORDER BY node, pid, ts"""
 
