@@ -53,7 +53,8 @@ extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
   - ansible.builtin.action_common_attributes.facts
-  - straggler.fleet.host
+  - straggler.fleet.attributes
+  - straggler.fleet.attributes.host
 attributes:
   check_mode:
     support: full

@@ -60,7 +60,8 @@ extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
   - ansible.builtin.action_common_attributes.conn
-  - straggler.fleet.host
+  - straggler.fleet.attributes
+  - straggler.fleet.attributes.host
 attributes:
   become:
     support: full

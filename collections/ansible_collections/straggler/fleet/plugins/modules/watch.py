@@ -76,7 +76,8 @@ options:
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
-  - straggler.fleet.controller
+  - straggler.fleet.attributes
+  - straggler.fleet.attributes.controller
   - straggler.fleet.agents
   - straggler.fleet.tls
 attributes:
