@@ -1,5 +1,5 @@
 """Cost and capacity of the node agent (`straggler trace`), each against a baseline measured in the
-same run, on the STAND-IN CUDA library (agent/straggler/standin):
+same run, on the STAND-IN CUDA library (agent/straggler_lab/standin):
 
   per-call cost   the workload's CPU time (user + system: the probes run in its context) per
                   cuLaunchKernel call (empty body), and its wall time: untraced; under bpftrace
@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "agent"))
 
 from straggler import render  # noqa: E402
 from straggler.probes.records import EVENT_COLUMNS  # noqa: E402
-from straggler.standin import build_standin, build_workload  # noqa: E402
+from straggler_lab.standin import build_standin, build_workload  # noqa: E402
 from straggler.store import schema  # noqa: E402
 from straggler.store.writer import EVENT_INSERT  # noqa: E402
 

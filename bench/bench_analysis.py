@@ -8,7 +8,7 @@
              full-scan aggregate over the same events (SELECT node, op, COUNT, AVG … GROUP BY)
 (The timeline export has its own benchmark: bench_export.py, .pftrace against Chrome JSON.)
 
-Inputs come from straggler.analysis.synth (scenario io_cpu, four nodes). Writes
+Inputs come from straggler_lab.synth (scenario io_cpu, four nodes). Writes
 bench/results/analysis.json and prints a table. `--quick`: 100k and 300k events instead of 1M and 10M.
 """
 import argparse
@@ -26,7 +26,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "agent"))
 
 from straggler import render  # noqa: E402
-from straggler.analysis import explain, merge, synth  # noqa: E402
+from straggler.analysis import explain, merge
+from straggler_lab import synth  # noqa: E402
 
 def timed(fn, *a, **kw):
     t = time.perf_counter()

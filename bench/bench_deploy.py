@@ -124,8 +124,7 @@ def main(argv=None):
         print("bench_deploy: needs root (test bed): skipped", file=sys.stderr)
         return 0
     runs = 2 if args.quick else args.runs
-    from straggler.demo.run import load_testbed_module
-    testbed = load_testbed_module()
+    from straggler_lab import testbed
     lock = testbed.TestbedLock(TESTBED_ID)
     if not lock.try_acquire():
         print(f"bench_deploy: test bed {TESTBED_ID} is in use (pid {lock.holder()})", file=sys.stderr)

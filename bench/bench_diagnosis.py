@@ -1,5 +1,5 @@
 """Accuracy of the diagnosis: every fault class x several runs on the synchronous-job harness
-(straggler.demo.harness: a real 4-rank job on the test bed, real agents, one real fault on one
+(straggler_lab.demo.harness: a real 4-rank job on the test bed, real agents, one real fault on one
 rank), in both collective styles (blocking; enqueue = NCCL on a GPU, the wait in synchronize).
 
 For each case: was it valid (the fault slowed the job >= 1.3x; invalid cases are counted apart,
@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "agent"))
 
 from straggler import render  # noqa: E402
-from straggler.demo import harness as hz  # noqa: E402
+from straggler_lab.demo import harness as hz  # noqa: E402
 
 TESTBED_ID = 246
 
@@ -77,8 +77,7 @@ def main(argv=None):
     runs = 1 if args.quick else args.runs
     styles = ["blocking"] if args.quick else [s for s in args.styles.split(",") if s]
     faults = [f for f in args.faults.split(",") if f]
-    from straggler.demo.run import load_testbed_module
-    testbed = load_testbed_module()
+    from straggler_lab import testbed
     lock = testbed.TestbedLock(TESTBED_ID)
     if not lock.try_acquire():
         print(f"bench_diagnosis: test bed {TESTBED_ID} is in use (pid {lock.holder()})", file=sys.stderr)

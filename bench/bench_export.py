@@ -2,7 +2,7 @@
 same database, measured in the same run.
 
 For each size (1M and 10M events; `--quick`: 100k and 300k) a synthetic four-node cluster database
-(straggler.analysis.synth, scenario io_cpu, merged and clock-aligned) is exported in a fresh
+(straggler_lab.synth, scenario io_cpu, merged and clock-aligned) is exported in a fresh
 subprocess per run, formats interleaved (json, perfetto, json, perfetto, ...) so that both see the
 same machine: wall time, CPU time (user + system, its worker processes included), peak RSS
 (ru_maxrss of the export or its largest worker) and the output's size. The .pftrace export runs its
@@ -52,7 +52,7 @@ print(json.dumps(dict(wall_s=time.perf_counter() - t, cpu_s=cpu() - c, slices=n,
 SYNTH = r"""
 import sys
 sys.path.insert(0, sys.argv[1])
-from straggler.analysis import synth
+from straggler_lab import synth
 synth.write_cluster(sys.argv[2], synth.SynthSpec(scenario="io_cpu", events=int(sys.argv[3])), work_dir=sys.argv[4])
 """
 TARGET_RATIO = 5.0

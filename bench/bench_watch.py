@@ -1,4 +1,4 @@
-"""The live watch on the synchronous-job harness (straggler.demo.harness: a real 4-rank job on the
+"""The live watch on the synchronous-job harness (straggler_lab.demo.harness: a real 4-rank job on the
 test bed, real agents serving their API with mutual TLS, one real fault on one rank):
 
 - detection latency per cause class: fault onset -> `straggler watch` names the node (and was the
@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO / "agent"))
 
 from straggler import render  # noqa: E402
 from straggler.analysis import watch  # noqa: E402
-from straggler.demo import harness as hz  # noqa: E402
+from straggler_lab.demo import harness as hz  # noqa: E402
 
 TESTBED_ID = 247
 CLASSES = {"cpu-hog": "cpu-contention", "host-compute": "host-compute", "gpu-slow": "gpu-slow", "io-self": "io-self"}
@@ -197,8 +197,7 @@ def main(argv=None):
     cost_s = 30.0 if args.quick else args.cost_s
     skip = set(filter(None, args.skip.split(",")))
     faults = [f for f in args.faults.split(",") if f]
-    from straggler.demo.run import load_testbed_module
-    testbed = load_testbed_module()
+    from straggler_lab import testbed
     lock = testbed.TestbedLock(TESTBED_ID)
     if not lock.try_acquire():
         print(f"bench_watch: test bed {TESTBED_ID} is in use (pid {lock.holder()})", file=sys.stderr)

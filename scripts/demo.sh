@@ -9,4 +9,4 @@ cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "demo: must run as root (network namespaces, eBPF): run 'sudo make demo'" >&2; exit 1; }
 [ -x .venv/bin/python ] || { echo "demo: .venv missing: run 'make setup' first" >&2; exit 1; }
 # shellcheck disable=SC2086
-exec .venv/bin/python -m straggler.demo.run ${DEMO_ARGS:-} "$@"
+exec .venv/bin/python -m straggler_lab.demo.run ${DEMO_ARGS:-} "$@"

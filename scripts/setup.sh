@@ -80,6 +80,11 @@ if [ "$(cat $STAMP 2>/dev/null)" != "$WANT" ] || [ ! -x .venv/bin/straggler ]; t
     || .venv/bin/python -m pip install -q --no-deps -e . || die "pip install -e . failed"
   echo "$WANT" > $STAMP
 fi
+# The lab (agent/straggler_lab: the demo, the stand-in libraries, the generators, the test bed) serves
+# `make demo`, the tests and bench/ and is no part of the product's distribution: it goes on this
+# development venv's path by a .pth file, as an editable install would put it.
+LAB_PTH=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/straggler_lab.pth
+[ "$(cat "$LAB_PTH" 2>/dev/null)" = "$ROOT/agent" ] || echo "$ROOT/agent" > "$LAB_PTH"
 # The demo's real distributed job (torch.distributed, gloo, CPU). Exactly 2.13.0: its CPU
 # build lies on this machine's disk; any other version would download a CUDA build.
 if [ "${STRAGGLER_SKIP_TORCH:-0}" != 1 ] && ! .venv/bin/python -c 'import torch' 2>/dev/null; then
@@ -118,5 +123,5 @@ if [ "$(cat "$GALAXY_VENV/.straggler-reqs" 2>/dev/null)" != "$GALAXY_REQS" ]; th
     || die "pip install $GALAXY_REQS into $GALAXY_VENV failed (see $GALAXY_VENV.log)"
   echo "$GALAXY_REQS" > "$GALAXY_VENV/.straggler-reqs"
 fi
-.venv/bin/python -c 'import bcc, ansible, straggler' || die ".venv cannot import bcc/ansible/straggler: rm -rf .venv and run make setup again"
+.venv/bin/python -c 'import bcc, ansible, straggler, straggler_lab' || die ".venv cannot import bcc/ansible/straggler: rm -rf .venv and run make setup again"
 say "ok ($(.venv/bin/python -c 'import ansible.release as a, bcc; print("ansible-core", a.__version__, "| bcc", getattr(bcc, "__version__", "?"))'))"

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-import testbed as testbed_lib  # tests/testbed.py (pytest puts tests/ on sys.path)
+from straggler_lab import testbed as testbed_lib
 
 SESSION_TESTBED_ID = 7
 FALLBACK_TESTBED_IDS = range(200, 220)  # used when id 7 is held by another running session
@@ -86,7 +86,7 @@ def _claim_testbed_id(env_name: str = testbed_lib.ENV_ID, preferred: int = SESSI
 def testbed():
     """Four live SSH hosts gpu-node-01..04 and one dead host gpu-node-dead, for the whole session.
 
-    Yields a tests/testbed.py `Testbed`: .inventory, .ansible_cfg, .hosts (name -> address of the live
+    Yields a straggler_lab.testbed `Testbed`: .inventory, .ansible_cfg, .hosts (name -> address of the live
     hosts), .dead (name -> address), .exec(name, argv), .popen(name, argv), .ansible_env(),
     .ssh_argv(name, *cmd), .host_dir(name), .state_dir, .id, .controller_address."""
     if os.geteuid() != 0:

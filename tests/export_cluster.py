@@ -5,7 +5,7 @@ overlaps it without nesting (seqs 90_000_001..3), merged with the known offsets.
 import shutil
 import sqlite3
 
-from straggler.analysis import synth
+from straggler_lab import synth
 from straggler.analysis.merge import merge
 
 SHIFT_NS = 250_000_000        # gpu-node-03's realtime clock is 250 ms ahead of the reference

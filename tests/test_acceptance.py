@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from pftrace_replay import Replay  # tests/pftrace_replay.py
-from straggler.demo.run import FIELD_SQL, RANKS_SQL, STRAGGLER_NODE, Demo, Progress
+from straggler_lab.demo.run import FIELD_SQL, RANKS_SQL, STRAGGLER_NODE, Demo, Progress
 
 pytestmark = pytest.mark.bpf
 

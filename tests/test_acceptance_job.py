@@ -21,7 +21,7 @@ def test_two_ranks_train_in_lockstep_through_the_standin_and_log_every_step(tmp_
     log_dir = tmp_path / "steps"
     proc = subprocess.run(
         [str(torchrun), "--nnodes=1", "--nproc_per_node=2", "--master_addr=127.0.0.1", "--master_port=29517",
-         "-m", "straggler.demo.trainer", "--steps", "30", "--seconds", "60", "--log-dir", str(log_dir),
+         "-m", "straggler_lab.demo.trainer", "--steps", "30", "--seconds", "60", "--log-dir", str(log_dir),
          "--standin-dir", str(tmp_path / "standin")],
         env=dict(ENV, GLOO_SOCKET_IFNAME="lo"), capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -36,7 +36,7 @@ def test_two_ranks_train_in_lockstep_through_the_standin_and_log_every_step(tmp_
 def test_checkpoint_writer_threads_are_named_and_it_stops_on_sigterm(tmp_path):
     ckpt_dir = tmp_path / "ckpt"
     log = tmp_path / "writer.log"
-    proc = subprocess.Popen([PYTHON, "-m", "straggler.demo.ckpt_writer", "--mb", "8", "--seconds", "60",
+    proc = subprocess.Popen([PYTHON, "-m", "straggler_lab.demo.ckpt_writer", "--mb", "8", "--seconds", "60",
                              "--dir", str(ckpt_dir), "--log", str(log)], env=ENV)
     try:
         deadline = time.monotonic() + 60

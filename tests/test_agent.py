@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from straggler.standin import build_standin, build_workload
+from straggler_lab.standin import build_standin, build_workload
 from straggler.store.schema import SCHEMA_VERSION
 
 pytestmark = pytest.mark.bpf

@@ -1,10 +1,10 @@
-"""explain over synthetic four-node databases (straggler.analysis.synth: per-node stores with the
+"""explain over synthetic four-node databases (straggler_lab.synth: per-node stores with the
 agent's thread_time summaries, merged with the real merge): the straggler is named by who waits
 least, its numbers equal their own SQL re-run, a clean run has no straggler, missing nodes are said,
 the renderers and the fleet paths work. The cause classes are tested on real jobs with real faults
 (tests/test_diagnosis.py) and the rules on small tables (tests/test_explain_model.py).
 
-The databases come from straggler.analysis.synth (per-node stores as the agent writes them,
+The databases come from straggler_lab.synth (per-node stores as the agent writes them,
 merged with the real merge). Sizes are small: the whole file runs in a few seconds of CPU.
 """
 import json

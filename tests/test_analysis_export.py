@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 
 from straggler import cli
-from straggler.analysis import synth
+from straggler_lab import synth
 from straggler.analysis.export import ExportError, export_perfetto
 
 import export_cluster  # tests/export_cluster.py

@@ -9,7 +9,7 @@ import pytest
 
 from straggler import cli, clock
 from straggler.analysis import merge as merge_mod
-from straggler.analysis import synth
+from straggler_lab import synth
 from straggler.analysis.merge import MergeError, merge
 
 TABLES = ("events", "aggregates", "clock_pairs", "processes", "lost_events", "agent_cost", "probes")

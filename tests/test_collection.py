@@ -102,7 +102,7 @@ def test_collection_unit_tests_pass(sanity_run):
 def fleet(tmp_path_factory):
     """Three node databases (a synthetic job whose second node straggles), an inventory of three
     local hosts and one unreachable one, and an ansible.cfg of their own."""
-    from straggler.analysis import synth
+    from straggler_lab import synth
     base = tmp_path_factory.mktemp("fleet")
     facts = synth.write_nodes(str(base / "nodes"), synth.SynthSpec(nodes=3, events=6000, scenario="io_cpu", straggler=1))
     dbs = {Path(entry["path"]).stem: entry["path"] for entry in facts["files"]}
@@ -300,7 +300,7 @@ def test_check_mode_runs_through_and_writes_nothing(fleet):
 def watched_agents(tmp_path):
     """Four agents (straggler serve --no-tls, in this process) on a synthetic job whose second node
     straggles (a CPU hog), running now: what straggler.fleet.watch watches."""
-    from straggler.analysis import synth
+    from straggler_lab import synth
     from straggler.api.server import start_background
     from straggler.tls import TLSOptions
     facts = synth.write_nodes(str(tmp_path), synth.SynthSpec(scenario="cpu_hog", events=48000, straggler=1,
@@ -355,7 +355,7 @@ def test_watch_fails_the_task_at_the_straggler_and_check_mode_skips(fleet, watch
 
 
 def test_explain_takes_min_gap_and_last_and_refuses_the_old_k(fleet):
-    from straggler.analysis import synth
+    from straggler_lab import synth
     cluster = fleet["base"] / "explain-options" / "cluster.db"
     cluster.parent.mkdir()
     synth.write_cluster(str(cluster), synth.SynthSpec(nodes=3, events=6000, scenario="io_cpu", straggler=1))

@@ -81,7 +81,7 @@ def shown(proc):
 
 
 def test_collection_over_ssh_on_the_test_bed(testbed, tmp_path):
-    from straggler.analysis import synth
+    from straggler_lab import synth
     live = sorted(testbed.hosts)
     spec = synth.SynthSpec(nodes=len(live), events=8000, scenario="io_cpu", straggler=2, prefix=testbed.prefix)
     assert [spec.node_name(i) for i in range(len(live))] == live

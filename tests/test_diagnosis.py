@@ -1,7 +1,7 @@
-"""Diagnosis on real jobs with real faults: a synchronous 4-rank job (straggler.demo.syncjob, one
+"""Diagnosis on real jobs with real faults: a synchronous 4-rank job (straggler_lab.demo.syncjob, one
 rank per test-bed host, its allreduce a real exchange through the stand-in libnccl), one agent per
 host (`straggler trace --scope netns`, real eBPF), a clean warm-up, then ONE fault on rank 0's host
-(straggler.demo.harness). Each case checks itself first: a fault that did not slow the whole job
+(straggler_lab.demo.harness). Each case checks itself first: a fault that did not slow the whole job
 makes it invalid (skipped with the reason), never passed. Then explain over the agents' stores
 merged with the real merge (harness.diagnose): the straggler node and the first cause class are
 right; a hog is named by its process and
@@ -17,7 +17,7 @@ import subprocess
 import pytest
 
 from straggler.analysis import explain
-from straggler.demo import harness as hz
+from straggler_lab.demo import harness as hz
 
 pytestmark = pytest.mark.bpf
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from straggler import cli
-from straggler.analysis import synth
+from straggler_lab import synth
 from straggler.analysis.explain import N_SLICES
 from straggler.analysis.export import ExportError, export_perfetto
 

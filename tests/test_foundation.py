@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-import testbed as testbed_lib
+from straggler_lab import testbed as testbed_lib
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ANSIBLE = REPO_ROOT / ".venv" / "bin" / "ansible"
-TESTBED_SCRIPT = REPO_ROOT / "tests" / "testbed.py"
+TESTBED_CLI = [sys.executable, "-m", "straggler_lab.testbed"]
 
 # A dead host must fail after ssh's ConnectTimeout (the test bed's ansible.cfg says 3 s), not after
 # the kernel's ~2 minutes of SYN retries. The bound leaves ample headroom for a loaded 2-core machine
@@ -131,7 +131,7 @@ def test_up_replaces_a_crashed_run_and_down_leaves_nothing_behind(testbed):
     spare_id = (testbed.id + 100) % 256
     state_dir = testbed_lib.default_state_dir(spare_id)
     # "crashed" run: brought up by the CLI, never brought down
-    cli = subprocess.run([sys.executable, str(TESTBED_SCRIPT), "up", "--id", str(spare_id), "--hosts", "2", "--dead", "1"],
+    cli = subprocess.run([*TESTBED_CLI, "up", "--id", str(spare_id), "--hosts", "2", "--dead", "1"],
                          capture_output=True, text=True, timeout=60)
     assert cli.returncode == 0, cli.stderr
     assert cli.stdout.strip() == str(state_dir / "inventory.ini")
@@ -146,7 +146,7 @@ def test_up_replaces_a_crashed_run_and_down_leaves_nothing_behind(testbed):
         assert list((bed.state_dir / "cp").iterdir()), "expected ssh control sockets"
         sleeper = bed.popen("gpu-node-01", ["sleep", "300"])
     finally:
-        down = subprocess.run([sys.executable, str(TESTBED_SCRIPT), "down", "--id", str(spare_id)],
+        down = subprocess.run([*TESTBED_CLI, "down", "--id", str(spare_id)],
                               capture_output=True, text=True, timeout=60)
     assert down.returncode == 0, down.stderr
     sleeper.wait(timeout=5)
@@ -156,7 +156,7 @@ def test_up_replaces_a_crashed_run_and_down_leaves_nothing_behind(testbed):
     assert not any(testbed_lib._pid_alive(pid) for pid in bed.pids.values())
     assert _processes_mentioning(str(state_dir)) == [], "sshd or ssh control masters survived down"
     assert not state_dir.exists()
-    again = subprocess.run([sys.executable, str(TESTBED_SCRIPT), "down", "--id", str(spare_id)],
+    again = subprocess.run([*TESTBED_CLI, "down", "--id", str(spare_id)],
                            capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and again.stderr == "", again.stderr
     # the session's own test bed is untouched

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import testbed as testbed_lib
+from straggler_lab import testbed as testbed_lib
 
 pytestmark = pytest.mark.systemd
 

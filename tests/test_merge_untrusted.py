@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from straggler.analysis import merge as merge_mod
-from straggler.analysis import synth
+from straggler_lab import synth
 from straggler.analysis.merge import MergeError, merge
 
 REPO = Path(__file__).resolve().parent.parent

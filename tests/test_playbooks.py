@@ -309,7 +309,7 @@ def test_collect_produces_a_cluster_db_of_four_nodes_and_a_pftrace(deployed, tes
 def test_diagnose_exits_2_only_when_a_straggler_is_found_and_writes_junit_and_markdown(
         testbed, work, tmp_path, scenario, expected_rc):
     sys.path.insert(0, str(REPO / "agent"))
-    from straggler.analysis import synth
+    from straggler_lab import synth
     db = tmp_path / "cluster.db"
     synth.write_cluster(str(db), synth.SynthSpec(scenario=scenario, events=20_000), work_dir=str(tmp_path))
     out = tmp_path / "diagnose"

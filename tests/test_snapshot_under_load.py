@@ -403,7 +403,7 @@ def test_snapshot_while_the_real_agent_records_a_flood(store, tmp_path):
     cuLaunchKernel as fast as it can. The agent commits a batch every few seconds here (its
     Python side is the bottleneck), so snapshots are taken back to back until one of them
     spanned a commit of the agent (bounded); every one must finish well within its deadline."""
-    from straggler.standin import build_standin, build_workload
+    from straggler_lab.standin import build_standin, build_workload
     from test_agent import AgentRun, Launcher, standin_libs, start_child_workload
 
     lib_dir = tmp_path / "standin"

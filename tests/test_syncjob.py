@@ -1,9 +1,9 @@
-"""The synchronous job on the stand-in (straggler.demo.syncjob).
+"""The synchronous job on the stand-in (straggler_lab.demo.syncjob).
 
 Fast, without eBPF or the test bed: two ranks on 127.0.0.1 run in lockstep through a REAL
 allreduce (the stand-in libnccl over TCP), in both NCCL styles; a fault on one rank slows both
 (the job is synchronous); the stand-in's defaults are untouched (no device thread).
-The harness on the test bed with the agents (straggler.demo.harness) is exercised by
+The harness on the test bed with the agents (straggler_lab.demo.harness) is exercised by
 tests/test_diagnosis.py: every case checks its times, each agent's store of its rank, and leftovers.
 """
 import csv
@@ -35,7 +35,7 @@ def free_port():
 
 @pytest.fixture(scope="module")
 def standin_dir(tmp_path_factory):
-    from straggler.standin import build_standin
+    from straggler_lab.standin import build_standin
     lib_dir = tmp_path_factory.mktemp("standin")
     build_standin(lib_dir)
     return lib_dir
@@ -54,7 +54,7 @@ class Job:
         for r in range(world):
             control = tmp_path / f"control-{r}"
             control.write_text(controls.get(r, ""))
-            argv = [PYTHON, "-m", "straggler.demo.syncjob", "--rank", str(r), "--world", str(world),
+            argv = [PYTHON, "-m", "straggler_lab.demo.syncjob", "--rank", str(r), "--world", str(world),
                     "--root", f"127.0.0.1:{port}", "--style", style, "--standin-dir", str(standin_dir),
                     "--seconds", str(seconds), "--stop-file", str(self.stop_file), "--log", str(self.log(r)),
                     "--control", str(control), "--cpu", str(r % os.cpu_count())]
@@ -138,14 +138,14 @@ def test_a_one_rank_job_and_a_rank_that_cannot_join(tmp_path, standin_dir):
     """World 1 needs no peer (--max-steps bounds it); a rank whose rank 0 never comes fails to
     join within STRAGGLER_STANDIN_NCCL_TIMEOUT_S and says so (exit 3), it does not hang."""
     port = free_port()
-    proc = subprocess.run([PYTHON, "-m", "straggler.demo.syncjob", "--rank", "0", "--world", "1", "--root",
+    proc = subprocess.run([PYTHON, "-m", "straggler_lab.demo.syncjob", "--rank", "0", "--world", "1", "--root",
                            f"127.0.0.1:{port}", "--standin-dir", str(standin_dir), "--seconds", "1", "--log",
                            str(tmp_path / "s.csv"), "--check", "--max-steps", "20"],
                           env=ENV, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(list(csv.DictReader(open(tmp_path / "s.csv")))) == 20
     env = dict(ENV, STRAGGLER_STANDIN_NCCL_TIMEOUT_S="2")
-    proc = subprocess.run([PYTHON, "-m", "straggler.demo.syncjob", "--rank", "1", "--world", "2", "--root",
+    proc = subprocess.run([PYTHON, "-m", "straggler_lab.demo.syncjob", "--rank", "1", "--world", "2", "--root",
                            f"127.0.0.1:{free_port()}", "--standin-dir", str(standin_dir), "--seconds", "5", "--log",
                            str(tmp_path / "t.csv")], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 3

@@ -20,7 +20,8 @@ import pytest
 
 from test_api_helpers import Pki
 
-from straggler.analysis import synth, watch
+from straggler.analysis import watch
+from straggler_lab import synth
 from straggler.api import metrics
 from straggler.api.server import start_background
 from straggler.errors import StragglerError

@@ -4,7 +4,7 @@
 Run by the Ansible role `straggler_agent` (run_once, on the controller) as
     python build_wheel.py --source REPO --cache DIR
 It hashes the files that make the package (pyproject.toml, setup.cfg/setup.py/MANIFEST.in if any,
-agent/ and bpf/), and when DIR/<hash>/ holds no wheel yet it copies those files to a private
+agent/straggler/ and bpf/), and when DIR/<hash>/ holds no wheel yet it copies those files to a private
 temporary directory and runs `pip wheel --no-deps --no-build-isolation -w OUT .` there, then moves
 the wheel into DIR/<hash>/ with an atomic rename. Prints one JSON line:
 {"changed": bool, "wheel": path, "sha256": hex, "source_hash": hex}. The wheel carries the BPF sources
@@ -25,7 +25,7 @@ import tempfile
 import zipfile
 
 TOP_FILES = ("pyproject.toml", "setup.cfg", "setup.py", "MANIFEST.in", "README.md", "LICENSE")
-TREES = ("agent", "bpf")
+TREES = ("agent/straggler", "bpf")   # the product only: agent/straggler_lab (the lab) never ships
 SKIP_DIRS = {"__pycache__", "build", "dist", ".pytest_cache"}
 SKIP_SUFFIXES = (".pyc", ".pyo", ".so", ".o")
 

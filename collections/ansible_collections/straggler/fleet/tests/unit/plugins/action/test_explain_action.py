@@ -17,7 +17,7 @@ from ansible_collections.straggler.fleet.plugins.action.explain import ActionMod
 
 
 def synthetic_cluster(path, scenario):
-    from straggler.analysis import synth
+    from straggler_lab import synth
     synth.write_cluster(str(path), synth.SynthSpec(nodes=3, events=6000, scenario=scenario, straggler=1))
     return str(path)
 
@@ -68,7 +68,7 @@ def test_check_mode_explains_but_writes_nothing(action_factory, straggling_clust
 
 
 def test_live_explain_asks_the_agents(action_factory, tmp_path):
-    from straggler.analysis import synth
+    from straggler_lab import synth
     from straggler.api.server import start_background
     from straggler.tls import TLSOptions
     facts = synth.write_nodes(str(tmp_path), synth.SynthSpec(nodes=3, events=6000, scenario='io_cpu', straggler=1))

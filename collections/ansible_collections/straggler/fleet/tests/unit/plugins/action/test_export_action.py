@@ -18,7 +18,7 @@ from ansible_collections.straggler.fleet.tests.unit.helpers import make_node_db
 
 @pytest.fixture(scope='module')
 def cluster(tmp_path_factory):
-    from straggler.analysis import synth
+    from straggler_lab import synth
     path = tmp_path_factory.mktemp('export') / 'cluster.db'
     synth.write_cluster(str(path), synth.SynthSpec(nodes=3, events=3000, scenario='io_cpu', straggler=1))
     return str(path)

@@ -1,9 +1,9 @@
 """`make demo`: the field case end to end, on the test bed of this machine.
 
-Four SSH hosts gpu-node-01..04 (network namespaces, tests/testbed.py), the straggler agent
+Four SSH hosts gpu-node-01..04 (network namespaces, straggler_lab.testbed), the straggler agent
 deployed and tracing on each with `ansible-playbook playbooks/trace.yml` (real SSH, eBPF,
 mutual TLS, --scope netns since the hosts share one kernel), a real four-rank gloo training
-job across them (straggler.demo.trainer, its GPU work through the STAND-IN libcuda), a clean
+job across them (straggler_lab.demo.trainer, its GPU work through the STAND-IN libcuda), a clean
 warm-up, then a checkpoint writer on gpu-node-01 only; then the user's path: fleet_query.yml
 with the SQL from the field, explain over the fleet, collect.yml into demo-output/ (cluster.db
 and trace.pftrace for ui.perfetto.dev). Everything it started is stopped at the end, on Ctrl-C
@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from straggler.errors import StragglerError
+from straggler_lab import testbed
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 VENV_BIN = Path(sys.executable).parent
@@ -108,15 +109,6 @@ class CommandResult:
     output: str
     seconds: float
     log_path: Path
-
-
-def load_testbed_module():
-    """tests/testbed.py, the multi-host test bed (the demo's four "machines")."""
-    tests_dir = str(REPO_ROOT / "tests")
-    if tests_dir not in sys.path:
-        sys.path.insert(0, tests_dir)
-    import testbed  # noqa: E402  (tests/testbed.py)
-    return testbed
 
 
 # ------------------------------------------------------------------------------ the demo
@@ -233,12 +225,12 @@ class Demo:
         self.writer_trigger = self.job_dir / "START-WRITER"
         self.with_writer = with_writer
         self.t_writer_on = None
-        from straggler.standin import build_standin
+        from straggler_lab.standin import build_standin
         build_standin(self.out / "standin")  # once here, not by four ranks at the same time
         master = self.bed.hosts[self.hosts[0]]
         for rank, name in enumerate(self.hosts):
             targs = f"--seconds {seconds} --stop-file {self.stop_file} --standin-dir {self.out / 'standin'} {trainer_args}"
-            argv = [sys.executable, "-m", "straggler.demo.node", "--rank", str(rank), "--nnodes", str(len(self.hosts)),
+            argv = [sys.executable, "-m", "straggler_lab.demo.node", "--rank", str(rank), "--nnodes", str(len(self.hosts)),
                     "--master-addr", master, "--master-port", str(MASTER_PORT), "--ifname", "eth0",
                     "--job-dir", str(self.job_dir), "--max-seconds", str(seconds + 120), "--stop-file", str(self.stop_file)]
             if name == STRAGGLER_NODE:
@@ -390,7 +382,7 @@ class _suppress:
 # ------------------------------------------------------------------------------ the CLI
 
 def build_arg_parser():
-    p = argparse.ArgumentParser(prog="python -m straggler.demo.run", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m straggler_lab.demo.run", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(REPO_ROOT / "demo-output"), help="output directory (default demo-output/)")
     p.add_argument("--testbed-id", type=int, default=int(os.environ.get("STRAGGLER_DEMO_TESTBED_ID", DEFAULT_TESTBED_ID)),
                    help=f"test bed id (subnet 10.213.<id>.0/24; default {DEFAULT_TESTBED_ID} or $STRAGGLER_DEMO_TESTBED_ID)")
@@ -406,7 +398,6 @@ def main(argv=None):
     out = Path(args.out).resolve()
     _clean_output(out)
     progress = Progress(log_path=out / "demo.log")
-    testbed = load_testbed_module()
     lock = testbed.TestbedLock(args.testbed_id)
     if not lock.try_acquire():
         print(f"demo: error: test bed id {args.testbed_id} is in use by another session (pid {lock.holder()}): "
@@ -444,7 +435,7 @@ def main(argv=None):
                 teardown_testbed(testbed, bed, progress)
             elif bed is not None:
                 progress.info(f"left up (--keep-up): ANSIBLE_CONFIG={bed.ansible_cfg}; "
-                              f"tear down with: .venv/bin/python tests/testbed.py down --id {bed.id}")
+                              f"tear down with: .venv/bin/python -m straggler_lab.testbed down --id {bed.id}")
         finally:
             lock.release()
             progress.raw(f"\ndemo finished in {progress.elapsed():.0f}s (exit {rc}); full log: {out / 'demo.log'}, "

@@ -87,7 +87,7 @@ def write_checkpoint(path, blocks, pool, level, should_stop, sync_every=16 << 20
 
 
 def build_arg_parser():
-    p = argparse.ArgumentParser(prog="straggler.demo.ckpt_writer", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="straggler_lab.demo.ckpt_writer", description=__doc__.split("\n\n")[0])
     p.add_argument("--dir", default="/var/tmp/straggler-ckpt", help="where checkpoints are written (a real disk)")
     p.add_argument("--mb", type=int, default=100, help="checkpoint size before compression, MiB")
     p.add_argument("--threads", type=int, default=3, help="compressing threads")

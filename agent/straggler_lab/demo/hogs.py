@@ -1,10 +1,10 @@
-"""Fault processes for the synchronous-job harness (straggler.demo.harness): a CPU hog and a
+"""Fault processes for the synchronous-job harness (straggler_lab.demo.harness): a CPU hog and a
 disk hog, each a process of its own, named by what it does (prctl PR_SET_NAME: that is the
 comm that ps, /proc/PID/comm and the kernel's tracepoints show, and what the agent names as
 "who ran instead" / "who wrote"):
 
-    python -m straggler.demo.hogs cpu  [--threads 2] [--cpu C] [--nice -10] [--rr] [--seconds S]
-    python -m straggler.demo.hogs disk --dir DIR [--threads 4] [--chunk-mb 4] [--file-mb 64] [--seconds S]
+    python -m straggler_lab.demo.hogs cpu  [--threads 2] [--cpu C] [--nice -10] [--rr] [--seconds S]
+    python -m straggler_lab.demo.hogs disk --dir DIR [--threads 4] [--chunk-mb 4] [--file-mb 64] [--seconds S]
 
 cpu (comm "cpuhog"): N threads that burn CPU (hashing a large buffer: the GIL is released
 while hashing, so they really run at once), pinned to --cpu when given; --nice lowers the
@@ -139,7 +139,7 @@ def run_disk(args):
 
 
 def build_arg_parser():
-    p = argparse.ArgumentParser(prog="python -m straggler.demo.hogs", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m straggler_lab.demo.hogs", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="kind", required=True)
     cpu = sub.add_parser("cpu", help="cpuhog: threads that burn CPU")
     cpu.add_argument("--threads", type=int, default=2)

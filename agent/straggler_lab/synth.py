@@ -25,7 +25,7 @@ import sqlite3
 import tempfile
 from dataclasses import dataclass, field
 
-from ..store import schema
+from straggler.store import schema
 
 SCENARIOS = ("clean", "io_cpu", "cpu_hog")
 
@@ -348,7 +348,7 @@ def thread_time_per_step(rows):
     """{(kind, tid_off, comm): thread_time columns per step} from a step template, as the agent would
     sum them: call time by class (outermost calls), run-queue wait (by the class of the call it
     happened in, and by who held the CPU), blocked time outside calls."""
-    from ..probes.symbols import OP_CLASS
+    from straggler.probes.symbols import OP_CLASS
     out = {}
     calls_of = {}
     for r in rows:
@@ -468,7 +468,7 @@ def truth(spec, files, steps):
 
 def write_cluster(path, spec, work_dir=None):
     """Per-node databases merged (with the true clock offsets) into one cluster database at path."""
-    from .merge import merge
+    from straggler.analysis.merge import merge
     with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
         facts = write_nodes(tmp, spec)
         summary = merge([f["path"] for f in facts["files"]], path, offsets=facts["offsets"])
@@ -478,7 +478,7 @@ def write_cluster(path, spec, work_dir=None):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m straggler.analysis.synth",
+    ap = argparse.ArgumentParser(prog="python -m straggler_lab.synth",
                                  description="write synthetic straggler databases (per node, or merged)")
     ap.add_argument("--scenario", choices=SCENARIOS, default="io_cpu")
     ap.add_argument("--nodes", type=int, default=4)

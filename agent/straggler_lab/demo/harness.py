@@ -1,14 +1,14 @@
 """A real synchronous job with ONE real fault on one rank, over a running test bed, for the
 diagnosis tests: did the agents' data find the straggler?
 
-    from straggler.demo.harness import SyncJobHarness
-    h = SyncJobHarness(bed, out_dir)             # bed: a tests/testbed.py Testbed (gpu-node-01..04)
+    from straggler_lab.demo.harness import SyncJobHarness
+    h = SyncJobHarness(bed, out_dir)             # bed: a straggler_lab.testbed Testbed (gpu-node-01..04)
     h.start_agents()                             # `straggler trace --scope netns` on every host
     result = h.run_case("host-compute", rank=0)  # -> CaseResult (valid: the fault did slow the job)
     ... the agents' databases: result.agent_dbs[host], times comparable with result.t_fault_ns ...
     h.close()                                    # the job, the fault processes, the agents
 
-The job is straggler.demo.syncjob, one rank per host (rank i on hosts[i]; the faulted rank pinned
+The job is straggler_lab.demo.syncjob, one rank per host (rank i on hosts[i]; the faulted rank pinned
 to CPU 0, the others not pinned: see cpu_of),
 its collectives real (over TCP through rank 0, in the stand-in libnccl), so a slow rank makes
 every rank wait. All the hosts share one kernel: CLOCK_MONOTONIC is the same in every
@@ -63,7 +63,7 @@ NONE_MAX_SLOWDOWN = 1.15     # ... and the control case only when it did not mov
 JOB_NICE = -10
 
 # fault sizes (measured on the 2-core test machine with the four agents tracing: `python -m
-# straggler.demo.harness` runs every fault once and prints the slowdowns)
+# straggler_lab.demo.harness` runs every fault once and prints the slowdowns)
 CPU_HOG_THREADS = 2
 CPU_HOG_NICE_BELOW_JOB = 10  # cpuhog's nice (threads and autogroup) = job nice - 10: above the trainer
 SELF_THREADS = 5
@@ -122,8 +122,8 @@ SETTLE_NS = 2_000_000_000    # the first seconds of the warm-up and of the fault
 def diagnose(case, out_dir):
     """explain over a case: the four agents' stores merged (the real merge) into OUT/<name>.db, the
     warm-up as the baseline and the fault window (less its first seconds) as the recent part."""
-    from ..analysis import explain
-    from ..analysis.merge import merge
+    from straggler.analysis import explain
+    from straggler.analysis.merge import merge
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     name = Path(case.case_dir).name or case.fault
@@ -139,7 +139,7 @@ def diagnose(case, out_dir):
 
 def score(case, report):
     """(node right, cause right) of a report for a case."""
-    from ..analysis.explain import top_cause
+    from straggler.analysis.explain import top_cause
     expected = (EXPECTED_CAUSE_ENQUEUE if case.style == "enqueue" else EXPECTED_CAUSE)[case.fault]
     if expected is None:
         return report.straggler is None, report.straggler is None
@@ -318,7 +318,7 @@ class SyncJobHarness:
 
     def _build(self):
         if not self._built:
-            from straggler.standin import build_standin
+            from straggler_lab.standin import build_standin
             build_standin(self.standin_dir)  # once here, not by four ranks at the same time
             self._built = True
 
@@ -363,8 +363,8 @@ class SyncJobHarness:
         """A fleet CA under OUT/pki with a server certificate per host (its address in the SAN) and a
         controller certificate; returns ({host: trace arguments to serve the API there with mutual
         TLS}, ["address:port", ...] in host order, the controller's TLSOptions)."""
-        from .. import pki
-        from ..tls import TLSOptions
+        from straggler import pki
+        from straggler.tls import TLSOptions
         ca = self.out / "pki"
         pki.init_ca(str(ca))
         per_host, nodes = {}, []
@@ -425,7 +425,7 @@ class SyncJobHarness:
         limit_s = warmup_s + fault_s + ready_timeout_s + 60
         try:
             for r, host in enumerate(self.hosts):
-                argv = [sys.executable, "-m", "straggler.demo.syncjob", "--rank", r, "--world", world, "--root", root,
+                argv = [sys.executable, "-m", "straggler_lab.demo.syncjob", "--rank", r, "--world", world, "--root", root,
                         "--style", self.style, "--standin-dir", self.standin_dir, "--seconds", limit_s,
                         "--stop-file", stop_file, "--log", case_dir / f"steps-rank{r}.csv",
                         "--control", controls[r], "--job-dir", case_dir]
@@ -471,7 +471,7 @@ class SyncJobHarness:
 
     def _apply(self, fault, rank, controls, base, case_dir, fault_s):
         host = self.hosts[rank]
-        hogs = [sys.executable, "-m", "straggler.demo.hogs"]
+        hogs = [sys.executable, "-m", "straggler_lab.demo.hogs"]
         bound = fault_s + 60  # the hogs stop by themselves too
         job_nice = self.job_nice or 0
         if fault == "cpu-hog":
@@ -602,7 +602,7 @@ class SyncJobHarness:
 # ---------------------------------------------------------------- the CLI: every fault once
 
 def build_arg_parser():
-    p = argparse.ArgumentParser(prog="python -m straggler.demo.harness",
+    p = argparse.ArgumentParser(prog="python -m straggler_lab.demo.harness",
                                 description="Bring up a test bed, start the agents, run each fault once, print the "
                                             "slowdowns, tear everything down.")
     p.add_argument("--testbed-id", type=int, default=245, help="test bed id (default 245)")
@@ -629,8 +629,7 @@ def main(argv=None):
         if f not in FAULTS:
             print(f"harness: unknown fault {f!r}: {', '.join(FAULTS)}", file=sys.stderr)
             return 2
-    from straggler.demo.run import load_testbed_module
-    testbed = load_testbed_module()
+    from straggler_lab import testbed
     lock = testbed.TestbedLock(args.testbed_id)
     if not lock.try_acquire():
         print(f"harness: test bed id {args.testbed_id} is in use (pid {lock.holder()})", file=sys.stderr)

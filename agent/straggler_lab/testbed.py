@@ -7,10 +7,10 @@ private bridge, its own address, hostname and private state directories, and its
 accepts the test bed's key as root. A dead host has an address whose TCP port 22 silently drops
 packets, so a connection hangs until the client's ConnectTimeout.
 
-    python tests/testbed.py up --hosts 4 --dead 1 [--id N] [--prefix gpu-node-] [--state-dir DIR]
-    python tests/testbed.py status [--id N]
-    python tests/testbed.py exec [--id N] gpu-node-01 -- hostname
-    python tests/testbed.py down [--id N]
+    python -m straggler_lab.testbed up --hosts 4 --dead 1 [--id N] [--prefix gpu-node-] [--state-dir DIR]
+    python -m straggler_lab.testbed status [--id N]
+    python -m straggler_lab.testbed exec [--id N] gpu-node-01 -- hostname
+    python -m straggler_lab.testbed down [--id N]
 
 As a module: `up(...) -> Testbed`, `load(...) -> Testbed`, `down(...)`, `exec_in_host(name, argv, ...)`.
 
@@ -62,7 +62,7 @@ PRIVATE_DIRS = ("/var/lib/straggler", "/etc/straggler", "/opt/straggler", "/var/
                 "/run/straggler", "/srv", "/var/tmp")
 PRIVATE_FILES = ("/etc/hosts", "/etc/resolv.conf")
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class TestbedError(RuntimeError):
@@ -312,13 +312,13 @@ class Testbed:
         if name in self.pids:
             pid = self.pids[name]
             if not _pid_alive(pid):
-                raise TestbedError(f"host {name}: its sshd (pid {pid}) is gone: run 'tests/testbed.py up' again")
+                raise TestbedError(f"host {name}: its sshd (pid {pid}) is gone: run 'python -m straggler_lab.testbed up' again")
             wd = cwd or os.getcwd()
             return ["nsenter", f"--target={pid}", "--mount", "--uts", "--net", f"--wd={wd}", "--", *argv]
         if name in self.systemd_hosts:  # all of the container's namespaces, via its PID 1
             init = (self.systemd_pids.get(name) or {}).get("init") or _container_init_pid(self.netns[name])
             if not init or not _pid_alive(init):
-                raise TestbedError(f"systemd host {name} is not running: run 'tests/testbed.py up --systemd-host {name}' again")
+                raise TestbedError(f"systemd host {name} is not running: run 'python -m straggler_lab.testbed up --systemd-host {name}' again")
             # no --wd: nsenter would open it on the controller's file system; entering the
             # container's mount namespace leaves us in its "/" (cwd is ignored here)
             return ["nsenter", f"--target={init}", "--mount", "--uts", "--ipc", "--net", "--pid", "--", *argv]
@@ -500,7 +500,7 @@ def _check_tools() -> None:
 
 def _sshd_config(state_dir: Path, name: str, address: str, host_key: Path, log_level: str = "INFO") -> str:
     return "\n".join([
-        f"# sshd of test-bed host {name} (written by tests/testbed.py)",
+        f"# sshd of test-bed host {name} (written by straggler_lab.testbed)",
         f"ListenAddress {address}",
         "Port 22",
         f"HostKey {host_key}",
@@ -573,7 +573,7 @@ def _write_ansible_files(bed: Testbed) -> None:
     cp_dir.mkdir(exist_ok=True)
     common = (f"-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR "
               f"-o ControlMaster=auto -o ControlPersist=60s -o ControlPath={cp_dir}/%C")
-    lines = ["# test bed %d: written by tests/testbed.py; removed by 'tests/testbed.py down'" % bed.id, "[gpu]"]
+    lines = ["# test bed %d: written by straggler_lab.testbed; removed by 'python -m straggler_lab.testbed down'" % bed.id, "[gpu]"]
     for name, addr in bed.all_hosts.items():
         lines.append(f"{name} ansible_host={addr}")
     lines += ["", "[live]"] + list(bed.hosts)
@@ -984,7 +984,7 @@ def load(testbed_id: int | None = None, state_dir: str | Path | None = None) -> 
     testbed_id = resolve_id(testbed_id)
     path = _state_dir_for(testbed_id, state_dir) / STATE_FILE
     if not path.exists():
-        raise TestbedError(f"test bed {testbed_id} is not up ({path} missing): run 'tests/testbed.py up --id {testbed_id}'")
+        raise TestbedError(f"test bed {testbed_id} is not up ({path} missing): run 'python -m straggler_lab.testbed up --id {testbed_id}'")
     return Testbed.from_json(path)
 
 

@@ -5,7 +5,7 @@ export the real symbol names and C signatures of libcuda.so.1 (driver API), libc
 (runtime API) and libnccl.so.2 (NCCL collectives), with bodies of known, configurable
 duration (see the top of standin.c: STRAGGLER_STANDIN_{LAUNCH,ALLOC,COPY,SYNC,NCCL}_US), and,
 when asked (STRAGGLER_STANDIN_KERNEL_US, _CONTROL, _NCCL_ROOT, _NCCL_MODE), a per-process
-"device" queue and a real cross-process NCCL collective over TCP (straggler.demo.syncjob).
+"device" queue and a real cross-process NCCL collective over TCP (straggler_lab.demo.syncjob).
 They are not NVIDIA code and touch no GPU; the agent traces them exactly as it would trace
 the real libraries: by path and symbol name. `build_workload(out_dir)` compiles a small C
 program that loads them and calls every traced function with known arguments.
@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ..errors import StragglerError
+from straggler.errors import StragglerError
 
 SOURCE_DIR = Path(__file__).resolve().parent
 LIBRARY_SOURCE = SOURCE_DIR / "standin.c"

@@ -1,6 +1,6 @@
 """One rank of a synchronous data-parallel job on the STAND-IN CUDA libraries (no GPU, no torch):
 
-    python -m straggler.demo.syncjob --rank R --world N --root ADDR:PORT --style blocking|enqueue \\
+    python -m straggler_lab.demo.syncjob --rank R --world N --root ADDR:PORT --style blocking|enqueue \\
         --standin-dir DIR --seconds S --stop-file F --log CSV [--control FILE] [--cpu C] [--check]
         [--job-dir D] [--max-steps N] [--autogroup-nice N]
 
@@ -279,7 +279,7 @@ class Gpu:
 # ---------------------------------------------------------------- the job
 
 def build_arg_parser():
-    p = argparse.ArgumentParser(prog="python -m straggler.demo.syncjob", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m straggler_lab.demo.syncjob", description=__doc__.split("\n\n")[0])
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world", type=int, required=True, help="number of ranks")
     p.add_argument("--root", required=True, help="ADDR:PORT where rank 0 listens (STRAGGLER_STANDIN_NCCL_ROOT)")
@@ -329,7 +329,7 @@ def _exec_with_identity(args, argv):
         env["PYTHONPATH"] = agent_dir + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "straggler.demo.syncjob", *argv], env)
+    os.execve(sys.executable, [sys.executable, "-m", "straggler_lab.demo.syncjob", *argv], env)
 
 
 def run(args):
@@ -353,7 +353,7 @@ def run(args):
                 f.write(str(args.autogroup_nice))
         except OSError as exc:
             print(f"syncjob rank {args.rank}: autogroup nice not set: {exc}", file=sys.stderr, flush=True)
-    from straggler.standin import build_standin  # the stand-in's builder only (no agent code)
+    from straggler_lab.standin import build_standin  # the stand-in's builder only (no agent code)
     build_standin(args.standin_dir)
     gpu = Gpu(args.standin_dir)
     gpu.cuInit(0)

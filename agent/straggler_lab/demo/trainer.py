@@ -2,13 +2,13 @@
 host, launched per host with torchrun:
 
     GLOO_SOCKET_IFNAME=eth0 torchrun --nnodes=4 --node_rank=I --nproc_per_node=1 \\
-        --master_addr=RANK0_ADDR --master_port=29500 -m straggler.demo.trainer --seconds 60 --log-dir DIR
+        --master_addr=RANK0_ADDR --master_port=29500 -m straggler_lab.demo.trainer --seconds 60 --log-dir DIR
 
 Each step does real work on the CPU (a small MLP, about 250k parameters, batch 32, forward,
 backward, DDP all-reduce of the gradients over gloo, SGD) and its "GPU work" through a CUDA
 library called with ctypes: cuMemAlloc, a few cuLaunchKernel, cuStreamSynchronize (the wait
 for the GPU, about 10 ms) and cuMemFree. On this machine there is no GPU: the library is
-the project's STAND-IN libcuda (straggler.standin, built from C, calls of known duration),
+the project's STAND-IN libcuda (straggler_lab.standin, built from C, calls of known duration),
 so the agent's CUDA probes see realistic calls. `--real-cuda` uses the system's libcuda.so.1
 instead (a GPU node): then a tiny spin kernel loaded from PTX stands for the work.
 
@@ -173,14 +173,14 @@ def find_cuda_library(args):
         return args.cuda_lib
     if args.real_cuda:
         return ctypes.util.find_library("cuda") or "libcuda.so.1"
-    from straggler.standin import build_standin  # builds once, reuses the file afterwards
+    from straggler_lab.standin import build_standin  # builds once, reuses the file afterwards
     return build_standin(args.standin_dir)
 
 
 # ---------------------------------------------------------------- the job
 
 def build_arg_parser():
-    p = argparse.ArgumentParser(prog="straggler.demo.trainer", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="straggler_lab.demo.trainer", description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: no step limit)")
     p.add_argument("--seconds", type=float, default=60.0, help="stop after this many seconds of training (always bounded)")
     p.add_argument("--log-dir", required=True, help="directory for steps-rank<R>.csv")

@@ -22,14 +22,14 @@ import time
 
 
 def build_arg_parser():
-    p = argparse.ArgumentParser(prog="straggler.demo.node", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="straggler_lab.demo.node", description=__doc__.split("\n\n")[0])
     p.add_argument("--rank", type=int, required=True, help="this node's rank (torchrun --node_rank)")
     p.add_argument("--nnodes", type=int, required=True)
     p.add_argument("--master-addr", required=True, help="address of the host that runs rank 0")
     p.add_argument("--master-port", type=int, default=29500)
     p.add_argument("--ifname", default="eth0", help="GLOO_SOCKET_IFNAME: the host's network interface")
     p.add_argument("--job-dir", required=True, help="step logs (steps-rank<R>.csv) and output go here")
-    p.add_argument("--trainer-args", default="", help="more arguments for straggler.demo.trainer (one string)")
+    p.add_argument("--trainer-args", default="", help="more arguments for straggler_lab.demo.trainer (one string)")
     p.add_argument("--stop-file", help="when this file appears, stop the checkpoint writer at once (the trainer "
                                         "stops by itself: it watches the same file)")
     p.add_argument("--writer-trigger", help="start the checkpoint writer when this file exists")
@@ -70,7 +70,7 @@ def main(argv=None):
     torchrun = os.path.join(bindir, "torchrun")
     trainer_cmd = [torchrun, f"--nnodes={args.nnodes}", f"--node_rank={args.rank}", "--nproc_per_node=1",
                    f"--master_addr={args.master_addr}", f"--master_port={args.master_port}",
-                   "-m", "straggler.demo.trainer", "--log-dir", args.job_dir] + args.trainer_args.split()
+                   "-m", "straggler_lab.demo.trainer", "--log-dir", args.job_dir] + args.trainer_args.split()
     children = []
     stopping = {"signal": None}
 
@@ -92,7 +92,7 @@ def main(argv=None):
     try:
         while trainer.poll() is None and stopping["signal"] is None and time.monotonic() < deadline:
             if writer is None and args.writer_trigger and os.path.exists(args.writer_trigger):
-                writer_cmd = [python, "-m", "straggler.demo.ckpt_writer", "--seconds", str(args.writer_seconds),
+                writer_cmd = [python, "-m", "straggler_lab.demo.ckpt_writer", "--seconds", str(args.writer_seconds),
                               "--dir", args.writer_dir, "--log", os.path.join(args.job_dir, f"ckpt-writer-rank{args.rank}.log")]
                 if args.writer_cpu is not None:
                     writer_cmd += ["--cpu", str(args.writer_cpu)]
