@@ -24,12 +24,12 @@ import socket
 import sys
 import time
 
-from . import __version__
+from . import __version__, defaults
 from .durations import parse_duration
 from .errors import StragglerError, UsageError
 from .probes import RECORD_RULE
 
-DEFAULT_DB = "/var/lib/straggler/straggler.db"
+DEFAULT_DB = defaults.DB_PATH
 DRAIN_PERIOD_S = 0.05
 
 

@@ -14,6 +14,7 @@ import time
 
 from . import __version__
 from .errors import StragglerError
+from .text import fmt_bytes
 from .store.query import DEFAULT_DB, open_readonly
 from .store.schema import SCHEMA_VERSION
 
@@ -149,15 +150,6 @@ def _lost(conn):
     return out
 
 
-def _human_bytes(n):
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024.0
-
-
 def format_status(status):
     def show(value, fmt="{}"):
         return "-" if value is None else fmt.format(value)
@@ -175,9 +167,9 @@ def format_status(status):
                                                        f", newest {status['summary_age_s']:g} s old")
          + ("" if status.get("summary_cpu_percent") is None else
             f", {status['summary_cpu_percent']:g}% of one core to make")),
-        ("agent RSS", _human_bytes(status["agent_rss_bytes"])),
+        ("agent RSS", fmt_bytes(status["agent_rss_bytes"])),
         ("lost events", f"{status['lost_events_total']} total, {status['lost_events_recent']} in the last minute"),
-        ("DB size", f"{_human_bytes(status['db_size_bytes'])} (WAL {_human_bytes(status['wal_bytes'])})"),
+        ("DB size", f"{fmt_bytes(status['db_size_bytes'])} (WAL {fmt_bytes(status['wal_bytes'])})"),
     ]
     return [list(row) for row in lines]
 

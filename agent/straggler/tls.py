@@ -22,19 +22,21 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
+from . import defaults
 from .errors import StragglerError
+from .text import one_line
 
 log = logging.getLogger("straggler.tls")
 
-DEFAULT_TLS_DIR = "/etc/straggler/tls"
-DEFAULT_CA = os.path.join(DEFAULT_TLS_DIR, "ca.crt")
-DEFAULT_CERT = os.path.join(DEFAULT_TLS_DIR, "node.crt")
-DEFAULT_KEY = os.path.join(DEFAULT_TLS_DIR, "node.key")
+DEFAULT_TLS_DIR = defaults.TLS_DIR
+DEFAULT_CA = defaults.CA_FILE
+DEFAULT_CERT = defaults.CERT_FILE
+DEFAULT_KEY = defaults.KEY_FILE
 # The fleet CA's certificate revocation list, distributed by the pki role beside ca.crt. Without
 # --crl the server uses crl.pem in the directory of the CA certificate (this file, for the default
 # --ca) when it exists, and picks it up when it appears later (ServerContextCache).
-DEFAULT_CRL = os.path.join(DEFAULT_TLS_DIR, "crl.pem")
-CRL_FILE_NAME = "crl.pem"
+DEFAULT_CRL = defaults.CRL_FILE
+CRL_FILE_NAME = defaults.CRL_FILE_NAME
 
 # Roles a client certificate can carry, as subject organizationalUnitName attributes
 # "straggler:<role>" (written by `straggler pki issue --client --role ROLE`).
@@ -129,11 +131,6 @@ def _check_readable(path, what, flag):
         raise TLSError(f"{what} file {path} is not readable by this user; run as its owner or fix its mode")
 
 
-def _one_line(exc):
-    text = " ".join(str(exc).split())
-    return text or exc.__class__.__name__
-
-
 def _tls13_only(context):
     context.minimum_version = ssl.TLSVersion.TLSv1_3
     context.maximum_version = ssl.TLSVersion.TLSv1_3
@@ -146,14 +143,14 @@ def _load(context, opts, side):
     try:
         context.load_verify_locations(cafile=opts.ca)
     except (ssl.SSLError, OSError, ValueError) as exc:
-        raise TLSError(f"cannot load CA certificate {opts.ca}: {_one_line(exc)}; is it a PEM certificate?") from None
+        raise TLSError(f"cannot load CA certificate {opts.ca}: {one_line(exc)}; is it a PEM certificate?") from None
     try:
         context.load_cert_chain(certfile=opts.cert, keyfile=opts.key)
     except ssl.SSLError as exc:
-        raise TLSError(f"cannot load {side} certificate {opts.cert} with key {opts.key}: {_one_line(exc)}; "
+        raise TLSError(f"cannot load {side} certificate {opts.cert} with key {opts.key}: {one_line(exc)}; "
                        f"do the certificate and key belong together?") from None
     except OSError as exc:
-        raise TLSError(f"cannot read {side} certificate {opts.cert} / key {opts.key}: {_one_line(exc)}") from None
+        raise TLSError(f"cannot read {side} certificate {opts.cert} / key {opts.key}: {one_line(exc)}") from None
 
 
 def _server_crl(opts):
@@ -182,7 +179,7 @@ def server_context(opts: TLSOptions) -> ssl.SSLContext:
         try:
             context.load_verify_locations(cafile=crl)
         except (ssl.SSLError, OSError, ValueError) as exc:
-            raise TLSError(f"cannot load CRL {crl}: {_one_line(exc)}; is it a PEM CRL "
+            raise TLSError(f"cannot load CRL {crl}: {one_line(exc)}; is it a PEM CRL "
                            f"(`straggler pki crl` writes one)?") from None
         # the CRL must be the fleet CA's: with this flag a client certificate whose issuer has no CRL
         # in the context fails too

@@ -12,7 +12,7 @@ The same content in both formats:
     intervals (preempted by …/blocked) and its run-queue waits, each on a track of their own; block
     I/O per issuing process, in lanes;
   - counters per node: calls/s and block I/O bytes/s per second, and per rank the step-time
-    components of explain's model (explain.model.rank_time over each thread_time interval: waiting
+    components of the step-time model (straggler.store.steptime.rank_time over each thread_time interval: waiting
     for peers, run queue, host compute, synchronize, collectives, CUDA calls, own block I/O,
     blocked), as % of wall time;
   - explain's findings as instant events on the node's "findings" track, at the time the evidence
@@ -39,7 +39,8 @@ import time
 import urllib.parse
 
 from ..errors import StragglerError
-from .explain import model
+from ..text import sql_quote
+from ..store import steptime
 from .merge import Aligner, clock_segments
 
 FORMATS = ("perfetto", "json")
@@ -360,7 +361,7 @@ class _Plan:
         for node in nodes:
             t0 = self.first_ts[node]
             base = self.align[node](t0) - t0              # aligned = mono + base, within the clocks' drift
-            parts.append(f"(node = {_q(node)} AND ts + duration >= {int(lo - base - 1_000_000_000)} "
+            parts.append(f"(node = {sql_quote(node)} AND ts + duration >= {int(lo - base - 1_000_000_000)} "
                          f"AND ts <= {int(hi - base + 1_000_000_000)})")
         return " AND (" + " OR ".join(parts) + ")"
 
@@ -381,10 +382,6 @@ class _Plan:
             return "clock: its own realtime (no offset measured)"
         return (f"clock: offset {off['offset_ns'] / 1e6:+.3f} ms ± {off['uncertainty_ns'] / 1e6:.3f} ms "
                 f"({off['method'] or 'measured'}), subtracted")
-
-
-def _q(text):
-    return "'" + str(text).replace("'", "''") + "'"
 
 
 def export_perfetto(db_path, out_path, since=None, until=None, nodes=None, findings=True, fmt=None,
@@ -561,7 +558,7 @@ def _write(conn, plan, sink, findings, nodes=None, whole=True):
     also gets the findings about no exported node and the metadata (a part of a parallel export does not)."""
     order, node_pid = nodes or plan.order, plan.node_pid
     counts = dict(slices=0, counters=0, instants=0)
-    node_list = ",".join(_q(n) for n in order)
+    node_list = ",".join(sql_quote(n) for n in order)
     ts_col = "ts_aligned" if plan.has_aligned else "ts"
     where_cut = plan.sql_bounds(order)
     report = plan.report if findings else None
@@ -689,7 +686,7 @@ def _activity_counters(conn, plan, sink, node_list):
 
 def _model_counters(conn, plan, sink, node_list):
     """Per rank (a process with traced calls), per thread_time interval: the step-time components of
-    explain's model (model.rank_time of its threads, with the calling thread chosen over the whole
+    the step-time model (steptime.rank_time of its threads, with the calling thread chosen over the whole
     export, as explain does over a window) as % of the interval's wall time."""
     calling, rank_of = {}, {}
     for node, pid, tid, rank, call_ns, calls in conn.execute(
@@ -715,7 +712,7 @@ def _model_counters(conn, plan, sink, node_list):
         nonlocal n
         node, pid, ts, interval = group_key
         key = (node, pid)
-        rt = model.rank_time(key, group, interval, rank_of.get(key), calling[key][0])
+        rt = steptime.rank_time(key, group, interval, rank_of.get(key), calling[key][0])
         if rt is None:
             return
         t = max(plan.start_ns, plan.align[node](ts))    # an interval may begin before the first event

@@ -46,6 +46,7 @@ import urllib.parse
 
 from .. import clock
 from ..errors import StragglerError
+from ..text import one_line, sql_ident, sql_quote
 from ..store import schema
 
 # Tables copied row by row (all carry a node column), in dependency-free order.
@@ -262,14 +263,10 @@ def inspect_input(path, deadline=None):
         except sqlite3.DatabaseError as exc:
             if deadline is not None and deadline.hit:
                 raise deadline.error() from None
-            raise MergeError(f"{path}: unreadable or corrupt database ({_one_line(exc)}); take a fresh copy with "
+            raise MergeError(f"{path}: unreadable or corrupt database ({one_line(exc)}); take a fresh copy with "
                              f"`straggler snapshot`") from None
     finally:
         conn.close()
-
-
-def _one_line(exc):
-    return " ".join(str(exc).split())
 
 
 def _nodes_of(conn, path, tables, meta):
@@ -438,16 +435,8 @@ def _node_case(plan, column="node"):
     changed = {old: new for old, new in plan.items() if old != new}
     if not changed:
         return column
-    whens = " ".join(f"WHEN {_q(old)} THEN {_q(new)}" for old, new in changed.items())
+    whens = " ".join(f"WHEN {sql_quote(old)} THEN {sql_quote(new)}" for old, new in changed.items())
     return f"CASE {column} {whens} ELSE {column} END"
-
-
-def _q(text):
-    return "'" + str(text).replace("'", "''") + "'"
-
-
-def _ident(name):
-    return '"' + str(name).replace('"', '""') + '"'
 
 
 def _as_int(value):
@@ -610,11 +599,11 @@ def content_digest(path):
             if name == "meta":
                 rows = conn.execute("SELECT key, value FROM meta WHERE key != 'merged_at' ORDER BY key")
             elif name == "clock_offsets":
-                exprs = [f"CASE WHEN method = 'merge' THEN NULL ELSE {_ident(c)} END" if c == "measured_at"
-                         else _ident(c) for c in _columns(conn, "main", _ident(name))]
-                rows = conn.execute(f"SELECT {', '.join(exprs)} FROM {_ident(name)} ORDER BY rowid")
+                exprs = [f"CASE WHEN method = 'merge' THEN NULL ELSE {sql_ident(c)} END" if c == "measured_at"
+                         else sql_ident(c) for c in _columns(conn, "main", sql_ident(name))]
+                rows = conn.execute(f"SELECT {', '.join(exprs)} FROM {sql_ident(name)} ORDER BY rowid")
             else:
-                rows = conn.execute(f"SELECT * FROM {_ident(name)} ORDER BY rowid")
+                rows = conn.execute(f"SELECT * FROM {sql_ident(name)} ORDER BY rowid")
             for row in rows:
                 digest.update(repr(row).encode())
     finally:
@@ -631,7 +620,7 @@ def _same_content(new, old):
             conn = sqlite3.connect(_ro_uri(path), uri=True)
             try:
                 _harden(conn, read_only=True)
-                counts.append([conn.execute(f"SELECT COUNT(*) FROM {_ident(t)}").fetchone()[0]
+                counts.append([conn.execute(f"SELECT COUNT(*) FROM {sql_ident(t)}").fetchone()[0]
                                for t in ("meta",) + NODE_TABLES])
             finally:
                 conn.close()
@@ -714,14 +703,14 @@ def merge(inputs, output, offsets=None, rename=False, deadline_s=DEFAULT_DEADLIN
                 _copy_input(conn, path, plan, offsets, summary, aligner)
             except sqlite3.IntegrityError as exc:
                 if "UNIQUE" not in str(exc):
-                    raise MergeError(f"{path}: rows break the schema ({_one_line(exc)}); take a fresh copy with "
+                    raise MergeError(f"{path}: rows break the schema ({one_line(exc)}); take a fresh copy with "
                                      f"`straggler snapshot`") from None
-                raise MergeError(f"{path}: rows collide with another input ({_one_line(exc)}); two inputs hold the "
+                raise MergeError(f"{path}: rows collide with another input ({one_line(exc)}); two inputs hold the "
                                  f"same node — rename one with --rename NODE=NEW") from None
             except sqlite3.DatabaseError as exc:
                 if deadline.hit:
                     raise deadline.error() from None
-                raise MergeError(f"{path}: unreadable or corrupt database ({_one_line(exc)}); take a fresh copy with "
+                raise MergeError(f"{path}: unreadable or corrupt database ({one_line(exc)}); take a fresh copy with "
                                  f"`straggler snapshot`") from None
             summary["inputs"].append(dict(path=path, nodes=list(plan.values()),
                                           renamed={o: n for o, n in plan.items() if o != n}))
@@ -764,7 +753,7 @@ def merge(inputs, output, offsets=None, rename=False, deadline_s=DEFAULT_DEADLIN
     except sqlite3.Error as exc:
         if deadline.hit:
             raise deadline.error() from None
-        raise MergeError(f"merge into {output} failed ({_one_line(exc)}); nothing was written") from None
+        raise MergeError(f"merge into {output} failed ({one_line(exc)}); nothing was written") from None
     except OSError as exc:
         raise MergeError(f"cannot write {output} ({exc}); nothing was written") from None
     finally:

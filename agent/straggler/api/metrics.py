@@ -4,7 +4,7 @@ format), served on the API port under /metrics (mutual TLS) and, optionally, on 
 loopback-only port (`--metrics-listen`) for a local Prometheus agent or node exporter.
 
 Every number comes from the node's store (thread_time, lost_events, agent_cost), computed at
-scrape time with explain's own model (analysis/explain/model.py): no second copy of its rules.
+scrape time with the step-time model explain reads too (straggler.store.steptime): no second copy of its rules.
 A node cannot tell by itself whether it is the straggler (that needs its peers: `straggler
 watch`, or a PromQL rule across nodes, see README), so it exports what the rule compares:
 
@@ -25,6 +25,8 @@ watch`, or a PromQL rule across nodes, see README), so it exports what the rule 
 import json
 import time
 
+from .. import defaults
+from ..store import steptime
 from ..store.query import open_readonly
 
 DEFAULT_WINDOW_S = 10.0
@@ -75,17 +77,16 @@ def _read(db_path, window_s, at_ns=None):
 
 def rank_summaries(rows, window_ns):
     """[(RankTime, thieves {(kind, pid, comm): ns})] per process with calls, from thread_time sums."""
-    from ..analysis.explain import model
     by_pid = {}
     for r in rows:
         by_pid.setdefault(r["pid"], []).append(r)
     out = []
     for pid, threads in sorted(by_pid.items()):
-        main = model.calling_thread(threads)
+        main = steptime.calling_thread(threads)
         if main is None:
             continue
         wall = max(1, min(window_ns, max(t["t1"] for t in threads) - min(t["t0"] for t in threads)))
-        rt = model.rank_time(pid, threads, wall, main.get("rank"), main["tid"])
+        rt = steptime.rank_time(pid, threads, wall, main.get("rank"), main["tid"])
         if rt is None:
             continue
         thieves = {}
@@ -111,7 +112,6 @@ class NodeCollector:
         self.db_path, self.node, self.window_s, self.at_ns = db_path, node, float(window_s), at_ns
 
     def collect(self):
-        from ..analysis.explain import model
         Counter, Gauge, _, _ = _prometheus()
         newest, rows, lost, cost, now = _read(self.db_path, self.window_s, self.at_ns)
         node = self.node
@@ -126,9 +126,9 @@ class NodeCollector:
         window_ns = int(self.window_s * 1e9)
         for rt, thieves in rank_summaries(rows, window_ns):
             labels = [node, "" if rt.rank is None else str(rt.rank), str(rt.key)]
-            for name in model.WAIT_DEFS:
+            for name in steptime.WAIT_DEFS:
                 wait.add_metric(labels + [name], round(rt.wait_share(name), 6))
-            for c in model.COMPONENTS:
+            for c in steptime.COMPONENTS:
                 comp.add_metric(labels + [c], round(rt.share(c), 6))
             for (kind, tpid, comm), ns in sorted(thieves.items(), key=lambda kv: -kv[1])[:3]:
                 thief.add_metric(labels + [str(kind), "" if tpid is None else str(tpid), comm or ""],
@@ -173,7 +173,7 @@ def render(db_path, node, window_s=DEFAULT_WINDOW_S, at_ns=None):
 
 # ---------------------------------------------------------------- the plain loopback port
 
-DEFAULT_METRICS_LISTEN = "127.0.0.1:9433"
+DEFAULT_METRICS_LISTEN = defaults.METRICS_LISTEN
 
 
 def start_plain_server(db_path, node, listen=DEFAULT_METRICS_LISTEN, any_address=False, window_s=DEFAULT_WINDOW_S):

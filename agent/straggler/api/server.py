@@ -59,9 +59,10 @@ import threading
 import time
 from urllib.parse import parse_qs, urlsplit
 
-from .. import __version__
+from .. import __version__, defaults
 from ..clock import read_clock_pair
 from ..errors import StragglerError
+from ..text import one_line
 from ..store.query import (DEFAULT_DB, DatabaseUnavailable, JsonAnswer, QueryError, node_name, open_readonly,
                            run_query)
 from ..tls import (ROLE_QUERY, ROLE_SNAPSHOT, ROLES, ServerContextCache, TLSOptions, add_tls_arguments, peer_roles,
@@ -69,8 +70,8 @@ from ..tls import (ROLE_QUERY, ROLE_SNAPSHOT, ROLES, ServerContextCache, TLSOpti
 
 log = logging.getLogger("straggler.api")
 
-DEFAULT_PORT = 7433
-DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
+DEFAULT_PORT = defaults.AGENT_PORT
+DEFAULT_LISTEN = defaults.LISTEN
 MAX_BODY_BYTES = 1 << 20           # a query request is SQL text, not data
 MAX_HEAD_BYTES = 16 << 10          # request line and headers
 MAX_HEADERS = 64
@@ -132,10 +133,6 @@ def _is_loopback(host):
 
 def _is_wildcard(host):
     return host in ("", "0.0.0.0", "::", "*")
-
-
-def _one_line(exc):
-    return " ".join(str(exc).split()) or exc.__class__.__name__
 
 
 class BadRequest(Exception):
@@ -202,7 +199,7 @@ def _request_json(body):
     try:
         request = json.loads(text, parse_constant=no_constants)
     except (ValueError, RecursionError) as exc:
-        raise BadRequest(400, f"the body must be a JSON object {{\"sql\": ..., \"limit\": N}} ({_one_line(exc)})") from None
+        raise BadRequest(400, f"the body must be a JSON object {{\"sql\": ..., \"limit\": N}} ({one_line(exc)})") from None
     if not isinstance(request, dict):
         raise BadRequest(400, "the body must be a JSON object {\"sql\": ..., \"limit\": N}")
     return request
@@ -242,7 +239,7 @@ class _App:
         self.started_mono_ns = time.monotonic_ns()
 
     def error(self, code, message, kind="error"):
-        return _json_answer(code, {"node": self.node, "error": _one_line(message), "kind": kind})
+        return _json_answer(code, {"node": self.node, "error": one_line(message), "kind": kind})
 
     def query(self, body):
         request = _request_json(body)
@@ -353,7 +350,7 @@ def _parse_head(head: bytes) -> _Request:
     try:
         headers = http.client.parse_headers(io.BytesIO(rest))
     except (http.client.HTTPException, ValueError) as exc:
-        raise BadRequest(431, f"malformed or too many headers ({_one_line(exc)})") from None
+        raise BadRequest(431, f"malformed or too many headers ({one_line(exc)})") from None
     if len(headers) > MAX_HEADERS:
         raise BadRequest(431, f"more than {MAX_HEADERS} headers")
     if headers.defects:
@@ -568,7 +565,7 @@ class _Server:
             except asyncio.CancelledError:
                 raise
             except OSError as exc:   # EMFILE and friends: wait, do not spin
-                log.warning("accept failed: %s", _one_line(exc))
+                log.warning("accept failed: %s", one_line(exc))
                 await asyncio.sleep(0.1)
                 continue
             peer = address[0]
@@ -634,7 +631,7 @@ class _Server:
                 except (ssl.SSLError, OSError, asyncio.TimeoutError) as exc:
                     # wrong CA, no or revoked client certificate, TLS 1.2, a silent client: one line
                     log.info("TLS handshake with %s failed: %s", peer,
-                             _one_line(exc) if str(exc) else "no handshake within the time limit")
+                             one_line(exc) if str(exc) else "no handshake within the time limit")
                     return
                 roles = peer_roles(stream.peercert() or {})
             self._authenticated(task)
@@ -642,7 +639,7 @@ class _Server:
         except asyncio.CancelledError:
             pass
         except (ConnectionError, ssl.SSLError, OSError) as exc:
-            log.debug("connection from %s ended: %s", peer, _one_line(exc))
+            log.debug("connection from %s ended: %s", peer, one_line(exc))
         except Exception:
             log.exception("connection from %s failed", peer)
         finally:
@@ -790,7 +787,7 @@ class _Server:
             return app.error(500, exc)
         except Exception as exc:
             log.exception("route failed")
-            return app.error(500, f"internal error: {_one_line(exc)}")
+            return app.error(500, f"internal error: {one_line(exc)}")
 
     async def _send(self, stream, peer, answer, close=False, head_only=False):
         """Write an answer in chunks under a deadline that grows with its size. Returns False when

@@ -38,6 +38,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..clock import estimate_offset
 from ..errors import StragglerError
+from ..text import one_line
 from ..tls import TLSOptions, client_context
 from .combine import combine_answers
 # Node addresses (the one rule for an inventory host's agent address) live in fleet/inventory.py;
@@ -131,10 +132,6 @@ class _NodeFailure(Exception):
         self.message = message
 
 
-def _one_line(exc):
-    return " ".join(str(exc).split()) or exc.__class__.__name__
-
-
 class _Connection(http.client.HTTPConnection):
     """HTTP(S) to one agent, with the phase of every failure classified."""
 
@@ -160,7 +157,7 @@ class _Connection(http.client.HTTPConnection):
         except OSError as exc:
             if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN):
                 raise _NodeFailure("unreachable", f"{self.address} is unreachable ({exc.strerror})") from None
-            raise _NodeFailure("unreachable", f"cannot connect to {self.address}: {_one_line(exc)}") from None
+            raise _NodeFailure("unreachable", f"cannot connect to {self.address}: {one_line(exc)}") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self.context is None:
             return
@@ -168,7 +165,7 @@ class _Connection(http.client.HTTPConnection):
             self.sock = self.context.wrap_socket(self.sock, server_hostname=self.tls.server_name or self.host)
         except ssl.SSLCertVerificationError as exc:
             raise _NodeFailure("tls-error", f"{self.address}: the agent's certificate is not trusted "
-                                            f"({exc.verify_message or _one_line(exc)}); is it signed by --ca, "
+                                            f"({exc.verify_message or one_line(exc)}); is it signed by --ca, "
                                             f"with {self.tls.server_name or self.host} in its SAN?") from None
         except ssl.SSLError as exc:
             raise _NodeFailure("tls-error", _tls_message(self.address, exc)) from None
@@ -177,13 +174,13 @@ class _Connection(http.client.HTTPConnection):
                                           f"handshake within {self.timeout:g} s") from None
         except (ConnectionResetError, BrokenPipeError, ConnectionAbortedError) as exc:
             raise _NodeFailure("tls-error", f"{self.address} closed the connection during the TLS handshake "
-                                            f"({_one_line(exc)}): is it serving plain HTTP (--no-tls)?") from None
+                                            f"({one_line(exc)}): is it serving plain HTTP (--no-tls)?") from None
         except OSError as exc:
-            raise _NodeFailure("tls-error", f"TLS handshake with {self.address} failed: {_one_line(exc)}") from None
+            raise _NodeFailure("tls-error", f"TLS handshake with {self.address} failed: {one_line(exc)}") from None
 
 
 def _tls_message(address, exc):
-    text = _one_line(exc)
+    text = one_line(exc)
     lower = text.lower()
     if "wrong version number" in lower or "record layer failure" in lower or "packet length too long" in lower \
             or "http request" in lower:
@@ -215,7 +212,7 @@ def _request(conn, method, path, body=None, plain=False):
         # TLS 1.3: the agent checks our certificate after our side of the handshake is done, so its
         # refusal shows up as the connection ending under the first request
         raise _NodeFailure("tls-error", f"{conn.address} ended the TLS connection right after the handshake "
-                                        f"({_one_line(exc)}): it refused this client's certificate; use a "
+                                        f"({one_line(exc)}): it refused this client's certificate; use a "
                                         f"--cert/--key signed by the fleet CA the agents trust") from None
     except ssl.SSLError as exc:
         raise _NodeFailure("tls-error", _tls_message(conn.address, exc)) from None
@@ -223,12 +220,12 @@ def _request(conn, method, path, body=None, plain=False):
             BrokenPipeError, http.client.IncompleteRead) as exc:
         if plain:
             raise _NodeFailure("tls-error", f"{conn.address} closed the connection on a plain-HTTP request "
-                                            f"({_one_line(exc)}): it probably requires TLS; drop --no-tls and "
+                                            f"({one_line(exc)}): it probably requires TLS; drop --no-tls and "
                                             f"pass --ca/--cert/--key") from None
         raise _NodeFailure("tls-error", f"{conn.address} closed the connection without an answer "
-                                        f"({_one_line(exc)}): did it refuse this client's certificate?") from None
+                                        f"({one_line(exc)}): did it refuse this client's certificate?") from None
     except OSError as exc:
-        raise _NodeFailure("unreachable", f"{conn.address}: {_one_line(exc)}") from None
+        raise _NodeFailure("unreachable", f"{conn.address}: {one_line(exc)}") from None
     data = _read_answer(conn, response)
     if len(data) > _MAX_RESPONSE_BYTES:
         raise _NodeFailure("sql-error", f"{conn.address} answered with more than {_MAX_RESPONSE_BYTES} bytes; "
@@ -249,7 +246,7 @@ def _read_answer(conn, response):
                                       f"finish it within {conn.timeout:g} s; raise --timeout or ask for less") from None
     except (ssl.SSLError, ConnectionError, OSError) as exc:
         raise _NodeFailure("truncated", f"{conn.address} ended the connection in the middle of its answer "
-                                        f"({_one_line(exc)}); retry") from None
+                                        f"({one_line(exc)}); retry") from None
     # read(amt) returns what came before the connection ended, without a word: compare the length
     if expected.isdigit() and len(data) < int(expected):
         raise _NodeFailure("truncated", f"{conn.address} ended its answer after {len(data)} of {expected} bytes "
@@ -295,7 +292,7 @@ def _query_node(address, sql, tls, context, limit, timeout_s):
     except _NodeFailure as failure:
         status.status, status.message = failure.status, failure.message
     except Exception as exc:  # never let one node break the call
-        status.status, status.message = "unreachable", f"{address}: {_one_line(exc)}"
+        status.status, status.message = "unreachable", f"{address}: {one_line(exc)}"
     finally:
         conn.close()
     status.latency_ms = round((time.monotonic() - started) * 1000.0, 3)
@@ -416,7 +413,7 @@ def fleet_query(nodes, sql, tls=None, limit=10000, timeout_s=5.0, deadline_s=15.
         outstanding -= 1
         if kind == "query":
             if isinstance(value, BaseException):
-                value = NodeStatus(address=addresses[index], status="unreachable", message=_one_line(value))
+                value = NodeStatus(address=addresses[index], status="unreachable", message=one_line(value))
             statuses[index] = value
             if on_progress:
                 try:
@@ -522,7 +519,7 @@ class LiveFeed:
             answer = None
             self.close()
         except Exception as exc:  # never let one node break the watch
-            status.status, status.message = "unreachable", f"{self.address}: {_one_line(exc)}"
+            status.status, status.message = "unreachable", f"{self.address}: {one_line(exc)}"
             answer = None
             self.close()
         status.latency_ms = round((time.monotonic() - started) * 1000.0, 3)

@@ -17,9 +17,10 @@ import os
 import re
 import shlex
 
+from .. import defaults
 from ..errors import StragglerError
 
-DEFAULT_PORT = 7433
+DEFAULT_PORT = defaults.AGENT_PORT
 PORT_VARIABLE = "straggler_agent_port"
 HOST_VARIABLE = "ansible_host"
 

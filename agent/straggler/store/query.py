@@ -19,9 +19,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, List
 
+from .. import defaults
 from ..errors import StragglerError
+from ..text import one_line
 
-DEFAULT_DB = "/var/lib/straggler/straggler.db"
+DEFAULT_DB = defaults.DB_PATH
 DEFAULT_LIMIT = 10000
 DEFAULT_TIMEOUT_S = 10.0
 _PROGRESS_EVERY_OPS = 2000
@@ -98,10 +100,6 @@ def jsonable_rows(rows):
     return out
 
 
-def _one_line(exc):
-    return " ".join(str(exc).split()) or exc.__class__.__name__
-
-
 def _uri(db_path, immutable=False):
     from urllib.parse import quote
     absolute = os.path.abspath(db_path)
@@ -152,12 +150,12 @@ def open_readonly(db_path, check_same_thread=True):
             last_error = exc
             code = getattr(exc, "sqlite_errorcode", None)
             if code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT) or "not a database" in str(exc):
-                raise DatabaseUnavailable(f"{db_path} is not a SQLite database ({_one_line(exc)}); "
+                raise DatabaseUnavailable(f"{db_path} is not a SQLite database ({one_line(exc)}); "
                                           f"point --db at the agent's store") from None
             if (code & 0xff if code else None) in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN):
                 continue  # WAL index not creatable here: try immutable
-            raise DatabaseUnavailable(f"cannot read {db_path}: {_one_line(exc)}") from None
-    raise DatabaseUnavailable(f"cannot open {db_path} read-only: {_one_line(last_error)}")
+            raise DatabaseUnavailable(f"cannot read {db_path}: {one_line(exc)}") from None
+    raise DatabaseUnavailable(f"cannot open {db_path} read-only: {one_line(last_error)}")
 
 
 class _Guard:
@@ -377,16 +375,16 @@ def run_query(db_path, sql, limit=DEFAULT_LIMIT, timeout_s=DEFAULT_TIMEOUT_S, pa
         except sqlite3.ProgrammingError as exc:
             if "one statement" in str(exc):
                 raise QueryRejected("more than one statement; send exactly one (remove everything after the first ';')") from None
-            raise QueryError(_one_line(exc)) from None
+            raise QueryError(one_line(exc)) from None
         except sqlite3.Warning as exc:  # Python < 3.11 reports several statements as a Warning
-            raise QueryRejected(f"more than one statement ({_one_line(exc)}); send exactly one") from None
+            raise QueryRejected(f"more than one statement ({one_line(exc)}); send exactly one") from None
         except sqlite3.DatabaseError as exc:
             if stopped_by_timer or "interrupted" in str(exc):
                 raise QueryTimeout(f"query stopped after its time limit of {timeout_s:g} s; "
                                    f"narrow it (WHERE ts > …, LIMIT) or raise --timeout") from None
             if guard.denied:
                 raise QueryRejected(guard.denied) from None
-            text = _one_line(exc)
+            text = one_line(exc)
             if "readonly" in text or "read-only" in text or "may not be modified" in text:
                 raise QueryRejected(f"the query tried to write ({text}); queries are read-only") from None
             if "not a database" in text:

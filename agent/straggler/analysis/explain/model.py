@@ -1,23 +1,10 @@
-"""The step-time model and the rules that name the straggler and its causes: pure functions over
-rows (dicts), no SQL, no I/O, so each rule is unit-tested on small tables.
+"""The rules that name the straggler and its causes: pure functions over rows (dicts), no SQL,
+no I/O, so each rule is unit-tested on small tables.
 
 The physics of a synchronous job: every rank waits for the slowest one at every collective, so
 the straggler is the rank that WAITS LEAST for its peers, and the cause is the part of its own step
-time that is larger than the other ranks' (and grew against its own baseline).
-
-A rank's calling thread (the thread with the most time in CUDA/NCCL calls) spends its wall time in
-exclusive components (thread_time, written by the agent; ns over a window):
-  work     on CPU inside work calls (launch, alloc, copy)
-  sync     inside synchronize calls, not waiting for a CPU (the device's time; with NCCL on a
-           GPU, also the wait for peers: collectives only enqueue)
-  coll     inside collective calls, not waiting for a CPU (a blocking collective's wait for peers)
-  runq     in the run queue: runnable, its CPU held by another task
-  io       asleep outside calls while its process's own block I/O was in flight
-  blocked  asleep outside calls otherwise (a CPU collective such as gloo waits here; locks)
-  host     on CPU outside any traced call (data loading, Python, GC): the rest of the wall time
-Its own other threads (a communication thread, for instance) can hold it up too: the time it
-waited (coll/blocked) while its helpers sat in the run queue, up to that much, counts as its run
-queue wait, not as a wait for peers ("helper_runq").
+time that is larger than the other ranks' (and grew against its own baseline). A rank's time is
+split into components by straggler.store.steptime (RankTime).
 
 Waiting for peers is coll + blocked; in the enqueue style (NCCL on a GPU) it hides in sync, so
 the definition that separates the ranks more is used (`choose_wait`). Cause classes map the
@@ -28,8 +15,9 @@ component explains is `unknown`.
 import statistics
 from dataclasses import dataclass, field
 
-COMPONENTS = ("work", "sync", "coll", "runq", "io", "blocked", "host")
-WAIT_DEFS = {"blocking": ("coll", "blocked"), "enqueue": ("coll", "blocked", "sync")}
+from ...store.steptime import (COMPONENTS, WAIT_DEFS, RankTime, calling_thread, rank_time,  # noqa: F401
+                                thread_components)
+
 # which class an excess component is evidence of (runq and io are split further by the evidence)
 COMPONENT_CAUSE = {"host": "host-compute", "sync": "gpu-slow", "work": "cuda-calls"}
 OWN_KINDS = ("own",)            # thread_time.thieves kinds that are the trainer itself (or its children)
@@ -43,71 +31,6 @@ class ModelOptions:
     min_cause_share: float = 0.1 # a cause finding needs at least this share of the straggler's excess
     enqueue_margin: float = 0.02 # counting sync as waiting must separate the ranks by this much more
     max_step_rate_ratio: float = 1.25   # a rank calling much more often than the others is not in lockstep
-
-
-@dataclass
-class RankTime:
-    """One rank's time over one window: shares (0..1) of wall time per component."""
-    key: tuple                   # (node, pid)
-    rank: object = None
-    tid: int = None
-    comm: str = None
-    wall_ns: int = 0
-    calls: int = 0
-    ns: dict = field(default_factory=dict)        # component -> ns
-    helper_runq_ns: int = 0                       # the part of runq that its own helper threads had
-    raw: dict = field(default_factory=dict)       # the calling thread's thread_time sums, as queried
-
-    def share(self, component):
-        return self.ns.get(component, 0) / self.wall_ns if self.wall_ns else 0.0
-
-    def wait_share(self, wait_def):
-        return sum(self.share(c) for c in WAIT_DEFS[wait_def])
-
-
-def thread_components(t, wall_ns):
-    """Exclusive components (ns) of one thread's thread_time sums over a window of wall_ns."""
-    work = max(0, t.get("work_ns", 0) - t.get("runq_work_ns", 0))
-    sync = max(0, t.get("sync_ns", 0) - t.get("runq_sync_ns", 0))
-    coll = max(0, t.get("coll_ns", 0) - t.get("runq_coll_ns", 0))
-    runq = t.get("runq_ns", 0)
-    io = t.get("io_ns", 0)
-    blocked = t.get("blocked_ns", 0)
-    host = max(0, wall_ns - (work + sync + coll + runq + io + blocked))
-    return dict(work=work, sync=sync, coll=coll, runq=runq, io=io, blocked=blocked, host=host)
-
-
-def calling_thread(threads):
-    """The thread of a process with the most time in traced calls (None if none made calls)."""
-    best = max(threads, key=lambda t: (t.get("work_ns", 0) + t.get("sync_ns", 0) + t.get("coll_ns", 0),
-                                       t.get("calls", 0)), default=None)
-    if best is None or not best.get("calls"):
-        return None
-    return best
-
-
-def rank_time(key, threads, wall_ns, rank=None, calling_tid=None):
-    """RankTime of one process from its threads' thread_time sums over a window.
-
-    calling_tid: which thread is the calling thread (chosen over the whole window, so the baseline
-    and the recent part describe the same thread); by default the one with the most call time."""
-    main = next((t for t in threads if t.get("tid") == calling_tid), None) if calling_tid is not None \
-        else calling_thread(threads)
-    if main is None or wall_ns <= 0:
-        return None
-    ns = thread_components(main, wall_ns)
-    # the calling thread waits for one helper at a time (its communication thread, say): the most any
-    # one helper sat in the run queue, not their sum (many threads queue at once on few cores)
-    helper_runq = max((t.get("runq_ns", 0) for t in threads if t is not main), default=0)
-    # its waits that its own helpers' run-queue time accounts for are its own delay, not peers'
-    waited = ns["coll"] + ns["blocked"]
-    moved = min(helper_runq, waited)
-    if moved and waited:
-        ns["coll"] -= int(moved * ns["coll"] / waited)
-        ns["blocked"] = waited - moved - ns["coll"]
-        ns["runq"] += moved
-    return RankTime(key=key, rank=rank, tid=main.get("tid"), comm=main.get("comm"), wall_ns=wall_ns,
-                    calls=main.get("calls", 0), ns=ns, helper_runq_ns=moved, raw=dict(main))
 
 
 def median(values):

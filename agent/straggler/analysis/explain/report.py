@@ -4,6 +4,13 @@ recommendation, share of the straggler's excess), per-rank rows, missing nodes; 
 import html
 from dataclasses import asdict, dataclass, field
 
+from ...text import fmt_bytes, fmt_ns as _fmt_ns
+
+
+def _fmt_bytes(b):
+    return fmt_bytes(b or 0)
+
+
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 NODE_COLUMNS = ["node", "rank", "thread", "waits", "host", "run queue", "sync", "io", "role"]
 
@@ -143,30 +150,8 @@ def _x(text):
     return html.escape(str(text), quote=True)
 
 
-def _fmt_ns(ns):
-    if ns is None:
-        return ""
-    ns = float(ns)
-    if ns >= 1e9:
-        return f"{ns / 1e9:.2f} s"
-    if ns >= 1e6:
-        return f"{ns / 1e6:.1f} ms"
-    if ns >= 1e3:
-        return f"{ns / 1e3:.0f} µs"
-    return f"{ns:.0f} ns"
-
-
-
 def _fmt_pct(p):
     return "" if p is None else f"{p:.0f}%"
-
-
-def _fmt_bytes(b):
-    b = float(b or 0)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if b < 1024 or unit == "GiB":
-            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
-        b /= 1024
 
 
 def _fmt_number(name, value):

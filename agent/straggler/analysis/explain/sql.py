@@ -5,19 +5,12 @@ Values computed from earlier answers (each rank's windows, the straggler's pid) 
 the later queries as literals, so each finding's SQL reproduces its numbers as it stands.
 Nothing here decides anything (model.py does), and no decision reads an SQL string."""
 from ...probes.symbols import NOT_FAILURES, SETUP_OK
+from ...text import sql_literal as lit, sql_quote as q
 
 THREAD_SUMS = """SUM(tt.calls) AS calls, SUM(tt.work_ns) AS work_ns, SUM(tt.sync_ns) AS sync_ns,
        SUM(tt.coll_ns) AS coll_ns, SUM(tt.runq_ns) AS runq_ns, SUM(tt.runq_work_ns) AS runq_work_ns,
        SUM(tt.runq_sync_ns) AS runq_sync_ns, SUM(tt.runq_coll_ns) AS runq_coll_ns,
        SUM(tt.blocked_ns) AS blocked_ns, SUM(tt.io_ns) AS io_ns, COUNT(*) AS intervals"""
-
-
-def q(text):
-    return "'" + str(text).replace("'", "''") + "'"
-
-
-def lit(v):
-    return "NULL" if v is None else str(int(v)) if isinstance(v, (int, float)) else q(v)
 
 
 def values_cte(name, columns, rows):

@@ -1,0 +1,65 @@
+"""Small text rules every layer shares, each written once: SQL literals and identifiers, the
+one-line form of an error, and how bytes, durations and shares are shown to people.
+
+Pure functions of their arguments: no I/O, no imports from the rest of straggler.
+"""
+
+
+def sql_quote(text):
+    """A string as an SQL literal: 'it''s'."""
+    return "'" + str(text).replace("'", "''") + "'"
+
+
+def sql_literal(value):
+    """NULL, an integer (floats are truncated, as the times and pids explain writes are), or a quoted string."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(int(value))
+    return sql_quote(value)
+
+
+def sql_ident(name):
+    """A name as an SQL identifier: "my ""table""."""
+    return '"' + str(name).replace('"', '""') + '"'
+
+
+def one_line(exc, limit=None):
+    """An exception (or any text) as one line: whitespace runs folded to one space; the exception's
+    class name when it says nothing; cut to `limit` characters with '...' when given."""
+    text = " ".join(str(exc if exc is not None else "").split())
+    if not text and isinstance(exc, BaseException):
+        text = exc.__class__.__name__
+    if limit is not None and len(text) > limit:
+        text = text[:max(0, limit - 3)] + "..."
+    return text
+
+
+def fmt_bytes(n, none="-"):
+    """1536 -> '1.5 KiB' (binary units up to TiB); `none` for None."""
+    if n is None:
+        return none
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024.0
+
+
+def fmt_ns(ns):
+    """A duration in ns for people: '2.50 s', '12.3 ms', '40 µs', '900 ns' ('' for None)."""
+    if ns is None:
+        return ""
+    ns = float(ns)
+    if abs(ns) >= 1e9:
+        return f"{ns / 1e9:.2f} s"
+    if abs(ns) >= 1e6:
+        return f"{ns / 1e6:.1f} ms"
+    if abs(ns) >= 1e3:
+        return f"{ns / 1e3:.0f} µs"
+    return f"{ns:.0f} ns"
+
+
+def fmt_pct(share):
+    """A share (0..1) as a whole percentage: 0.253 -> '25%'."""
+    return f"{100 * share:.0f}%"
