@@ -24,8 +24,9 @@ import pytest
 from test_api_helpers import REPO, venv_env
 
 from straggler import pki
+from straggler.cli.common import add_tls_arguments, tls_options
 from straggler.tls import (DEFAULT_CRL, ROLE_OU_PREFIX, ROLE_QUERY, ROLE_SNAPSHOT, ROLES, ServerContextCache,
-                           TLSError, TLSOptions, add_tls_arguments, client_context, peer_roles)
+                           TLSError, TLSOptions, client_context, peer_roles)
 
 ADDRESS = "127.0.0.1"
 IO_TIMEOUT_S = 5.0
@@ -95,7 +96,7 @@ class Fleet:
         add_tls_arguments(parser)
         args = parser.parse_args(["--ca", str(self.host / "ca.crt"), "--cert", str(self.host / "node.crt"),
                                   "--key", str(self.host / "node.key"), *extra])
-        return TLSOptions.from_args(args)
+        return tls_options(args)
 
     def client(self, name) -> TLSOptions:
         return TLSOptions(ca=str(self.dir / "ca.crt"), cert=str(self.clients / f"{name}.crt"),

@@ -78,9 +78,8 @@ def add_arguments(parser):
     parser.add_argument("--listen", metavar="ADDR:PORT",
                         help="also serve the database's API while tracing (as `straggler serve`)")
     try:
-        from . import tls
-        tls.add_tls_arguments(parser)
-        from .api.metrics import add_metrics_arguments
+        from .cli.common import add_metrics_arguments, add_tls_arguments
+        add_tls_arguments(parser)
         add_metrics_arguments(parser)
     except ImportError:  # the API part is optional for tracing
         pass
@@ -241,7 +240,8 @@ class Agent:
         except ImportError as exc:
             raise StragglerError(f"--listen needs the API module ({exc}): update straggler, or run "
                                  "`straggler serve` separately") from None
-        tls_opts = tls.TLSOptions.from_args(self.opts.args)
+        from .cli.common import tls_options
+        tls_opts = tls_options(self.opts.args)
         self.api = api_server.start_background(self.opts.db, self.opts.node, self.opts.listen, tls_opts)
 
     # ---- periodic work --------------------------------------------------------------------------

@@ -71,18 +71,6 @@ class TLSOptions:
     server_name: Optional[str] = None
     crl: Optional[str] = None
 
-    @classmethod
-    def from_args(cls, args):
-        return cls(
-            ca=getattr(args, "ca", None) or DEFAULT_CA,
-            cert=getattr(args, "cert", None) or DEFAULT_CERT,
-            key=getattr(args, "key", None) or DEFAULT_KEY,
-            no_tls=bool(getattr(args, "no_tls", False)),
-            any_address=bool(getattr(args, "no_tls_any_address", False)),
-            server_name=getattr(args, "tls_server_name", None),
-            crl=getattr(args, "crl", None) or None,
-        )
-
     @property
     def scheme(self):
         return "http" if self.no_tls else "https"
@@ -95,28 +83,6 @@ class TLSOptions:
         if not self.ca:
             return None
         return os.path.join(os.path.dirname(os.path.abspath(self.ca)), CRL_FILE_NAME)
-
-
-def add_tls_arguments(parser):
-    """Add --ca --cert --key --no-tls --no-tls-any-address (and --tls-server-name) to a parser."""
-    group = parser.add_argument_group("TLS (mutual, TLS 1.3 only)")
-    group.add_argument("--ca", default=DEFAULT_CA, metavar="FILE",
-                       help=f"the fleet CA certificate that signs every node and client certificate (default {DEFAULT_CA})")
-    group.add_argument("--cert", default=DEFAULT_CERT, metavar="FILE",
-                       help=f"this side's certificate, signed by the fleet CA (default {DEFAULT_CERT})")
-    group.add_argument("--key", default=DEFAULT_KEY, metavar="FILE",
-                       help=f"this side's private key (default {DEFAULT_KEY})")
-    group.add_argument("--no-tls", action="store_true",
-                       help="plain HTTP, no certificates (a server then binds to loopback only)")
-    group.add_argument("--no-tls-any-address", action="store_true",
-                       help="with --no-tls: let the server bind to a non-loopback address anyway")
-    group.add_argument("--tls-server-name", default=None, metavar="NAME",
-                       help="client: verify the server's certificate against NAME instead of the address connected to")
-    group.add_argument("--crl", default=None, metavar="FILE",
-                       help="server: the fleet CA's certificate revocation list; a revoked client certificate fails "
-                            "at the handshake, and a changed file takes effect without a restart (default: crl.pem "
-                            f"beside the CA certificate, {DEFAULT_CRL} for the default --ca, when it exists)")
-    return group
 
 
 def _check_readable(path, what, flag):

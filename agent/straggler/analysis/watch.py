@@ -535,13 +535,13 @@ def add_arguments(parser):
     parser.add_argument("--timeout", type=float, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
     parser.add_argument("--min-gap", type=float, default=None,
                         help="explain's --min-gap (the straggler waits at least this share less than the others)")
-    from ..tls import add_tls_arguments
+    from ..cli.common import add_tls_arguments
     add_tls_arguments(parser)
 
 
 def run(args):
-    from ..tls import TLSOptions
-    tls = TLSOptions.from_args(args)
+    from ..cli.common import tls_options
+    tls = tls_options(args)
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError("--timeout must be > 0 seconds")
     stop = threading.Event()

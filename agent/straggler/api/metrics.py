@@ -234,9 +234,3 @@ def start_plain_server(db_path, node, listen=DEFAULT_METRICS_LISTEN, any_address
     return server, thread
 
 
-def add_metrics_arguments(parser):
-    parser.add_argument("--metrics-listen", metavar="ADDR:PORT",
-                        help="also serve /metrics over plain HTTP here, for a local Prometheus agent "
-                             f"(loopback only; e.g. {DEFAULT_METRICS_LISTEN})")
-    parser.add_argument("--metrics-any-address", action="store_true",
-                        help="allow --metrics-listen on a non-loopback address (plain HTTP, no authentication)")

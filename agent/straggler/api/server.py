@@ -65,7 +65,7 @@ from ..errors import StragglerError
 from ..text import one_line
 from ..store.query import (DEFAULT_DB, DatabaseUnavailable, JsonAnswer, QueryError, node_name, open_readonly,
                            run_query)
-from ..tls import (ROLE_QUERY, ROLE_SNAPSHOT, ROLES, ServerContextCache, TLSOptions, add_tls_arguments, peer_roles,
+from ..tls import (ROLE_QUERY, ROLE_SNAPSHOT, ROLES, ServerContextCache, TLSOptions, peer_roles,
                    warn_no_tls)
 
 log = logging.getLogger("straggler.api")
@@ -948,15 +948,16 @@ def add_arguments(parser):
     parser.add_argument("--snapshot-timeout", type=float, default=SNAPSHOT_TIMEOUT_S,
                         help=f"seconds a snapshot may take before it is stopped (default {SNAPSHOT_TIMEOUT_S:g})")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    from ..cli.common import add_metrics_arguments, add_tls_arguments
     add_tls_arguments(parser)
-    from .metrics import add_metrics_arguments
     add_metrics_arguments(parser)
 
 
 def run(args):
+    from ..cli.common import tls_options as _tls_options
     logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
                         format="straggler serve: %(levelname)s %(message)s")
-    handle = start_background(args.db, node=args.node, listen=args.listen, tls=TLSOptions.from_args(args),
+    handle = start_background(args.db, node=args.node, listen=args.listen, tls=_tls_options(args),
                               max_rows=args.max_rows, max_query_seconds=args.max_query_seconds,
                               max_answer_bytes=args.max_answer_bytes, snapshot_dir=args.snapshot_dir,
                               snapshot_timeout_s=args.snapshot_timeout)

@@ -10,7 +10,7 @@ import json
 import sys
 
 from .. import render
-from ..tls import TLSOptions, add_tls_arguments
+from ..cli.common import add_tls_arguments, tls_options
 from .client import (DEFAULT_OFFSET_THRESHOLD_MS, DEFAULT_PORT, EXIT_ALL_ANSWERED, EXIT_NONE_ANSWERED,
                      EXIT_PARTIAL, fleet_query, parse_nodes)
 
@@ -92,7 +92,7 @@ def run(args):
     if args.fleet_command != "query":
         print("straggler fleet: say what to do: `straggler fleet query --nodes h:p,… SQL`", file=sys.stderr)
         return 2
-    tls = TLSOptions.from_args(args)
+    tls = tls_options(args)
     nodes = parse_nodes(args.nodes, default_port=args.port)
     progress = _Progress() if not (args.json or args.csv) else None
     try:

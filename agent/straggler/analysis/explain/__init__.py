@@ -749,7 +749,7 @@ def add_arguments(parser):
     parser.add_argument("--timeout", type=float, default=None, help="seconds per query (default 300 local, 30 fleet)")
     parser.add_argument("--no-sql", action="store_true", help="text output without the SQL of each finding")
     parser.add_argument("--fail-on-straggler", action="store_true", help="exit 1 when a straggler is found")
-    from ...tls import add_tls_arguments
+    from ...cli.common import add_tls_arguments
     add_tls_arguments(parser)
 
 
@@ -764,9 +764,9 @@ def run(args):
             raise StragglerError(f"{args.db}: no such database; pass -d a store or a merged cluster.db")
         report = explain_db(args.db, recent_s=args.last, **opts)
     else:
-        from ...tls import TLSOptions
+        from ...cli.common import tls_options
         from ...fleet.client import parse_nodes
-        nodes, tls = parse_nodes(args.nodes), TLSOptions.from_args(args)
+        nodes, tls = parse_nodes(args.nodes), tls_options(args)
         report = explain_fleet(nodes, tls, recent_s=args.last, **opts)
     if args.markdown:
         with open(args.markdown, "w") as fh:
