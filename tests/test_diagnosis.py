@@ -17,6 +17,7 @@ import subprocess
 import pytest
 
 from straggler.analysis import explain
+from straggler.render.report import to_text
 from straggler_lab.demo import harness as hz
 
 pytestmark = pytest.mark.bpf
@@ -56,7 +57,7 @@ def run_valid(harness, fault, tmp_path):
     if not case.valid:
         pytest.skip(f"invalid case ({fault}): {case.reason}")
     report = hz.diagnose(case, tmp_path)
-    return case, report, report.to_text(show_sql=False)
+    return case, report, to_text(report, show_sql=False)
 
 
 @pytest.mark.parametrize("fault", ["cpu-hog", "self-contention", "host-compute", "gpu-slow", "io-self"])

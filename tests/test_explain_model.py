@@ -3,6 +3,7 @@ pure functions, no database. Each rule here was broken once to watch its test fa
 import pytest
 
 from straggler.analysis.explain import model
+from straggler.store import steptime
 
 S = 1_000_000_000
 OPTS = model.ModelOptions()
@@ -16,7 +17,7 @@ def thread(tid, calls=100, **ns):
 
 
 def rank(node, *threads, wall=1.0, rank_no=None):
-    return model.rank_time((node, 100), list(threads), int(wall * S), rank_no)
+    return steptime.rank_time((node, 100), list(threads), int(wall * S), rank_no)
 
 
 def healthy(node, wait=0.4, **extra):
@@ -26,7 +27,7 @@ def healthy(node, wait=0.4, **extra):
 
 def test_components_are_exclusive_and_host_is_the_rest():
     t = thread(1, work_ns=0.1, sync_ns=0.2, coll_ns=0.3, runq_ns=0.15, runq_work_ns=0.05, blocked_ns=0.1, io_ns=0.05)
-    c = model.thread_components(t, S)
+    c = steptime.thread_components(t, S)
     assert c["work"] == 0.05 * S            # its run-queue wait inside work calls is run queue, not work
     assert c["runq"] == 0.15 * S
     assert sum(c.values()) == S
@@ -36,8 +37,8 @@ def test_components_are_exclusive_and_host_is_the_rest():
 def test_the_calling_thread_is_the_one_with_most_call_time():
     main = thread(7, sync_ns=0.5)
     helper = thread(8, calls=0, runq_ns=0.2)
-    assert model.calling_thread([helper, main])["tid"] == 7
-    assert model.calling_thread([thread(9, calls=0)]) is None
+    assert steptime.calling_thread([helper, main])["tid"] == 7
+    assert steptime.calling_thread([thread(9, calls=0)]) is None
 
 
 def test_waits_behind_its_own_helpers_run_queue_are_its_own_delay():

@@ -34,7 +34,7 @@ STRAGGLER = str(REPO / ".venv" / "bin" / "straggler")
 # ---------------------------------------------------------------- the Tracker (pure)
 
 def V(node=None, cause=None, moved=True, rate=50.0):
-    return watch.Verdict(straggler=node, cause=cause, rank=0 if node else None,
+    return watch.LiveVerdict(straggler=node, cause=cause, rank=0 if node else None,
                          step_moved_s=3.0 if node and moved else None, base_step_rate=100.0, step_rate=rate)
 
 
@@ -136,9 +136,12 @@ def test_a_dead_agent_is_reported_and_the_watch_goes_on_with_the_others(tmp_path
 def test_a_job_that_has_ended_raises_no_alarm(tmp_path):
     """The stores of a finished job (their newest summaries minutes old on the node's clock) hold a
     straggler (the same job that raises an alarm when it runs now, above), but a live watch judges
-    only ranks that are running."""
+    only ranks that are running. The job is placed on this machine's clock by construction (it ended
+    five minutes ago), whatever the machine's uptime."""
     facts = synth.write_nodes(str(tmp_path), synth.SynthSpec(scenario="cpu_hog", events=EVENTS, straggler=1,
                                                              interference_start=0.7))
+    for f in facts["files"]:
+        synth.shift_to_now(f["path"], ahead_s=-300.0)
     tls = TLSOptions(no_tls=True)
     handles = [start_background(f["path"], node=f["node"], listen="127.0.0.1:0", tls=tls) for f in facts["files"]]
     ticks = []
@@ -255,7 +258,8 @@ def test_metrics_parse_with_prometheus_clients_parser_and_carry_the_model(certs,
 def test_metrics_of_a_job_that_ended_have_no_rank_series(tmp_path):
     from prometheus_client.parser import text_string_to_metric_families
     facts = synth.write_nodes(str(tmp_path), synth.SynthSpec(scenario="cpu_hog", events=EVENTS, straggler=0, nodes=2))
-    path = facts["files"][0]["path"]                # its summaries ended long ago on this clock
+    path = facts["files"][0]["path"]
+    synth.shift_to_now(path, ahead_s=-300.0)        # its summaries ended five minutes ago on this clock
     families = {f.name: f for f in text_string_to_metric_families(metrics.render(path, "n").decode())}
     assert families["straggler_rank_wait_ratio"].samples == []
     assert families["straggler_summary_age_seconds"].samples[0].value > 60

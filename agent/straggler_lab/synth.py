@@ -499,9 +499,11 @@ if __name__ == "__main__":
 
 
 def shift_to_now(path, ahead_s=60.0):
-    """Shift a synthetic store's times so that its job looks like it is running now on this
-    machine's CLOCK_MONOTONIC: its newest summary ends ahead_s seconds from now (a live watch
-    judges only ranks that are still running; the rows do not change otherwise)."""
+    """Shift a synthetic store's times onto this machine's CLOCK_MONOTONIC: its newest summary ends
+    ahead_s seconds from now (> 0: a job running now, as a live watch sees one; < 0: a job that
+    ended -ahead_s seconds ago). The rows do not change otherwise. A test that serves synthetic
+    stores to the watch must place them with this: their generated times are arbitrary, and this
+    machine's clock may be anywhere (it counts from boot)."""
     import time
     conn = sqlite3.connect(path)
     try:

@@ -18,26 +18,22 @@ It prints a line only when the verdict changes (Tracker):
                 the job's step rate is back above RECOVERED_RATIO of its rate before the onset for as
                 long (a rank that stays a little slower than the others, but no longer slows the job)
   lost / back   a node stops answering / answers again (the watch goes on with the others)
-Text lines for people, JSON lines (--json) for machines. --exec runs a command at each onset
-with the finding as JSON on its stdin and in STRAGGLER_* variables; --until-straggler ends the
-watch with exit status 1 at the first onset (for CI).
+The faces (straggler.cli.watch: text lines for people, JSON lines for machines, --exec hooks; the
+Ansible action) render the events; --until-straggler ends the watch with exit status 1 at the first
+onset (for CI). This module prints nothing.
 
 Times: every event carries the controller's wall clock (`time`) and monotonic clock (`mono_ns`);
 each node's clock offset comes from its /live answers (NTP-style, straggler.clock).
 """
 import datetime
-import json
-import os
-import signal
 import sqlite3
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 
-from ..errors import StragglerError, UsageError
+from ..errors import UsageError
+from ..fleet.client import ANSWERED
 
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_WINDOW_S = 8.0       # the recent part explain compares (each rank's last S seconds)
@@ -48,7 +44,6 @@ STALE_S = 4.0                # a rank whose newest summary is this much older th
 SETTLE_S = 10.0              # a rank is judged once it has run the window + this long (a job's start is no onset)
 STEP_MOVED_RATIO = 0.85      # the step rate fell below this share of its baseline: "the step time moved"
 RECOVERED_RATIO = 0.9        # ... and is back above this share of its rate before the onset: recovered
-EXEC_TIMEOUT_S = 60.0
 EXIT_STRAGGLER = 1
 EXIT_NO_AGENT = 3
 
@@ -212,7 +207,8 @@ def step_rates(conn, node, pid, node_now_ns, window_ns):
 # ---------------------------------------------------------------- the verdict over time
 
 @dataclass
-class Verdict:
+class LiveVerdict:
+    """What one poll of the watch concluded (explain over the feeds' rows), for the Tracker."""
     straggler: str = None
     rank: object = None
     pid: int = None
@@ -229,19 +225,19 @@ class Verdict:
 
 
 def evaluate(feeds, window_s, baseline_s, min_gap=None):
-    """Run explain over the feeds' rows -> Verdict."""
+    """Run explain over the feeds' rows -> LiveVerdict."""
     from . import explain
     conn = build_store(feeds, int((window_s + SETTLE_S) * 1e9))
     try:
         missing = {f.node or f.address: dict(node=f.node or f.address, status=f.status, message=f.message,
                                              address=f.address)
-                   for f in feeds if f.status not in ("ok", "empty")}
-        answered = {f.node: f.status for f in feeds if f.node and f.status in ("ok", "empty")}
+                   for f in feeds if f.status not in ANSWERED}
+        answered = {f.node: f.status for f in feeds if f.node and f.status in ANSWERED}
         opts = dict(recent_s=window_s, min_calls=10, timeout_s=10.0)
         if min_gap is not None:
             opts["min_gap"] = min_gap
         report = explain.explain_connection(conn, "live watch", missing=missing, answered=answered, **opts)
-        v = Verdict(report=report, ranks=len(report.nodes))
+        v = LiveVerdict(report=report, ranks=len(report.nodes))
         if report.straggler:
             v.straggler = report.straggler
             row = next((n for n in report.nodes if n["node"] == v.straggler and n["role"] == "straggler"), None)
@@ -281,7 +277,7 @@ class Tracker:
     def nodes(self, feeds):
         out = []
         for f in feeds:
-            up = f.status in ("ok", "empty")
+            up = f.status in ANSWERED
             before = self.node_state.get(f.address)
             if not up and before != "lost":
                 self.node_state[f.address] = "lost"
@@ -434,7 +430,7 @@ def watch(nodes, tls, interval_s=DEFAULT_INTERVAL_S, window_s=DEFAULT_WINDOW_S, 
                     continue   # the first answers are still coming
                 for e in tracker.nodes(feeds):
                     emit(e)
-                ever_answered = ever_answered or any(f.status in ("ok", "empty") for f in feeds)
+                ever_answered = ever_answered or any(f.status in ANSWERED for f in feeds)
                 verdict = evaluate(feeds, window_s, baseline_s, min_gap=min_gap)
             if on_tick:
                 on_tick(verdict, feeds)
@@ -453,175 +449,3 @@ def watch(nodes, tls, interval_s=DEFAULT_INTERVAL_S, window_s=DEFAULT_WINDOW_S, 
               reason="straggler" if code == EXIT_STRAGGLER else "no agent answered" if code == EXIT_NO_AGENT
               else "stopped"))
     return code, events
-
-
-# ---------------------------------------------------------------- output
-
-def format_event(e):
-    t = e.get("time", "")[11:19]
-    kind = e["event"]
-    if kind == "start":
-        return (f"{t} watching {len(e['nodes'])} node(s) every {e['interval_s']:g} s: the last {e['window_s']:g} s "
-                f"against the {e['baseline_s']:g} s before")
-    if kind in ("onset", "cause-change"):
-        rank = f" rank {e['rank']}" if e.get("rank") is not None else ""
-        share = f" ({e['share']:.0%} of its excess)" if e.get("share") is not None else ""
-        moved = f"; the step time moved {e['step_moved_s']:g} s ago" if e.get("step_moved_s") is not None else ""
-        waits = (f"; it waits {e['wait_pct']:g}% for its peers vs {e['others_wait_pct']:g}%"
-                 if e.get("wait_pct") is not None and e.get("others_wait_pct") is not None else "")
-        head = "STRAGGLER" if kind == "onset" else f"CAUSE CHANGED (was {e.get('previous_cause')})"
-        return f"{t} {head} {e['node']}{rank}: {e['cause']}{share}{waits}{moved}\n         {e.get('summary', '')}"
-    if kind == "recovered":
-        return (f"{t} RECOVERED {e['node']}: {e.get('reason') or 'no longer the straggler'} "
-                f"({e.get('cause')} lasted {e['lasted_s']:g} s)")
-    if kind == "lost":
-        return f"{t} LOST {e['node']} ({e['status']}): {e['message']}; watching the others"
-    if kind == "back":
-        return f"{t} BACK {e['node']} answers again"
-    if kind == "end":
-        return f"{t} watch ended: {e['reason']}" + (f" (straggler: {e['straggler']})" if e.get("straggler") else "")
-    return f"{t} {json.dumps(e)}"
-
-
-def run_exec(command, event, timeout_s=EXEC_TIMEOUT_S):
-    """Run --exec's command for an onset: the event as JSON on stdin and in STRAGGLER_* variables.
-    In the background (bounded); its failure is reported on stderr, never stops the watch."""
-    env = dict(os.environ)
-    for key in ("event", "node", "rank", "cause", "share", "summary", "step_moved_s"):
-        value = event.get(key)
-        env[f"STRAGGLER_{key.upper()}"] = "" if value is None else str(value)
-    payload = json.dumps(event, default=str).encode()
-
-    def runner():
-        try:
-            proc = subprocess.Popen(command, shell=True, stdin=subprocess.PIPE, env=env, start_new_session=True)
-        except OSError as exc:
-            print(f"straggler watch: --exec failed to start: {exc}", file=sys.stderr, flush=True)
-            return
-        try:
-            proc.communicate(payload, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-            proc.wait()
-            print(f"straggler watch: --exec still running after {timeout_s:g} s: killed", file=sys.stderr, flush=True)
-            return
-        if proc.returncode:
-            print(f"straggler watch: --exec exited with status {proc.returncode}", file=sys.stderr, flush=True)
-
-    thread = threading.Thread(target=runner, name="straggler-watch-exec", daemon=False)
-    thread.start()
-    return thread
-
-
-# ---------------------------------------------------------------- CLI
-
-def add_arguments(parser):
-    parser.add_argument("--nodes", required=True, help="the fleet's agents: host:port,… or a file with one per line")
-    parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, metavar="S",
-                        help=f"poll every S seconds (default {DEFAULT_INTERVAL_S:g})")
-    parser.add_argument("--window", type=float, default=DEFAULT_WINDOW_S, metavar="S",
-                        help=f"judge each rank's last S seconds (default {DEFAULT_WINDOW_S:g})")
-    parser.add_argument("--baseline", type=float, default=DEFAULT_BASELINE_S, metavar="S",
-                        help=f"... against up to S seconds before them (default {DEFAULT_BASELINE_S:g})")
-    parser.add_argument("--json", action="store_true", help="JSON lines, one per event (for machines)")
-    parser.add_argument("--exec", dest="exec_cmd", metavar="CMD",
-                        help="run CMD (a shell command) at each onset: the finding as JSON on its stdin and in "
-                             "STRAGGLER_NODE, STRAGGLER_CAUSE, STRAGGLER_RANK, STRAGGLER_SUMMARY, …")
-    parser.add_argument("--until-straggler", action="store_true",
-                        help="stop at the first onset with exit status 1 (for CI)")
-    parser.add_argument("--timeout", type=float, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
-    parser.add_argument("--min-gap", type=float, default=None,
-                        help="explain's --min-gap (the straggler waits at least this share less than the others)")
-    from ..cli.common import add_tls_arguments
-    add_tls_arguments(parser)
-
-
-def run(args):
-    from ..cli.common import tls_options
-    tls = tls_options(args)
-    if args.timeout is not None and args.timeout <= 0:
-        raise UsageError("--timeout must be > 0 seconds")
-    stop = threading.Event()
-    execs = []
-    table = None if args.json else _LiveTable.maybe()
-
-    def on_event(e):
-        if args.json:
-            sys.stdout.write(json.dumps(e, default=str) + "\n")
-            sys.stdout.flush()
-        elif table is not None:
-            table.print(format_event(e))
-        else:
-            sys.stdout.write(format_event(e) + "\n")
-            sys.stdout.flush()
-        if e["event"] == "onset" and args.exec_cmd:
-            execs.append(run_exec(args.exec_cmd, e))
-
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        if table is not None:
-            table.start()
-        code, _ = watch(args.nodes, tls, interval_s=args.interval, window_s=args.window, baseline_s=args.baseline,
-                        timeout_s=args.timeout, until_straggler=args.until_straggler, on_event=on_event,
-                        on_tick=table.update if table is not None else None, stop=stop, min_gap=args.min_gap)
-    finally:
-        if table is not None:
-            table.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    for thread in execs:
-        thread.join(timeout=EXEC_TIMEOUT_S + 5)
-    if code == EXIT_NO_AGENT:
-        raise StragglerError(f"no agent answered during the watch ({args.nodes}): check the addresses, the agents "
-                             f"(straggler status on each) and the certificates")
-    return code
-
-
-class _LiveTable:
-    """A live per-node table in a terminal (rich), events printed above it."""
-
-    def __init__(self, console, live_cls):
-        self.console, self._live_cls, self.live = console, live_cls, None
-
-    @classmethod
-    def maybe(cls):
-        if not sys.stdout.isatty():
-            return None
-        try:
-            from rich.console import Console
-            from rich.live import Live
-        except ImportError:
-            return None
-        return cls(Console(), Live)
-
-    def start(self):
-        self.live = self._live_cls(console=self.console, refresh_per_second=2, transient=True)
-        self.live.start()
-
-    def stop(self):
-        if self.live is not None:
-            self.live.stop()
-
-    def print(self, line):
-        self.console.print(line, highlight=False, markup=False)
-
-    def update(self, verdict, feeds):
-        from rich.table import Table
-        t = Table(title="straggler watch", expand=False)
-        for c in ("node", "status", "rank", "waits", "run queue", "host", "sync", "io", "offset", "role"):
-            t.add_column(c)
-        rows = {n["node"]: n for n in (verdict.report.nodes if verdict.report else [])}
-        for f in feeds:
-            n = rows.get(f.node, {})
-            offset = "" if f.offset_ns is None else f"{f.offset_ns / 1e6:+.1f} ms"
-            t.add_row(f.node or f.address, "ok" if f.status in ("ok", "empty") else f.status, str(n.get("rank", "")), _pct(n.get("wait_pct")),
-                      _pct(n.get("runq_pct")), _pct(n.get("host_pct")), _pct(n.get("sync_pct")), _pct(n.get("io_pct")),
-                      offset, (n.get("role") or "") + (f" ({verdict.cause})" if n.get("role") else ""))
-        self.live.update(t)
-
-
-def _pct(v):
-    return "" if v is None else f"{v:g}%"

@@ -123,6 +123,7 @@ def diagnose(case, out_dir):
     """explain over a case: the four agents' stores merged (the real merge) into OUT/<name>.db, the
     warm-up as the baseline and the fault window (less its first seconds) as the recent part."""
     from straggler.analysis import explain
+    from straggler.render.report import to_text
     from straggler.analysis.merge import merge
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -133,7 +134,7 @@ def diagnose(case, out_dir):
     merge(sorted(case.agent_dbs.values()), str(db))
     report = explain.explain_db(str(db), since_ns=case.t_start_ns + SETTLE_NS, baseline_until_ns=case.t_fault_ns,
                                 recent_from_ns=case.t_fault_ns + SETTLE_NS, until_ns=case.t_fault_end_ns)
-    (out_dir / f"{name}-explain.txt").write_text(report.to_text(show_sql=False, width=120))
+    (out_dir / f"{name}-explain.txt").write_text(to_text(report, show_sql=False, width=120))
     return report
 
 

@@ -15,8 +15,7 @@ component explains is `unknown`.
 import statistics
 from dataclasses import dataclass, field
 
-from ...store.steptime import (COMPONENTS, WAIT_DEFS, RankTime, calling_thread, rank_time,  # noqa: F401
-                                thread_components)
+from ...store.steptime import COMPONENTS, WAIT_DEFS
 
 # which class an excess component is evidence of (runq and io are split further by the evidence)
 COMPONENT_CAUSE = {"host": "host-compute", "sync": "gpu-slow", "work": "cuda-calls"}

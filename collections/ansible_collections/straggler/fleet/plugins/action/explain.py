@@ -46,17 +46,6 @@ def explain_options(args):
     return options
 
 
-def report_message(straggler, cause=None):
-    """One line: the straggler and the cause that explains most of its excess (the core's
-    explain.top_cause, a dict), or that there is none."""
-    if not straggler:
-        return 'no straggler found'
-    if not cause:
-        return 'straggler: %s' % straggler
-    return 'straggler: %s: %s (%d%% of its excess): %s' % (
-        straggler, cause.get('cause'), round(100 * (cause.get('share') or 0)), cause.get('summary'))
-
-
 class ActionModule(ActionBase):
 
     BYPASS_HOST_LOOP = True
@@ -101,10 +90,11 @@ class ActionModule(ActionBase):
         explain = import_core('analysis.explain')
         top = explain.top_cause(report, report.straggler) if report.straggler else None  # the core's choice
         cause = plain(json.loads(json.dumps(top.to_dict(), default=str))) if top is not None else None
+        render_report = import_core('render.report')
         outputs = []
         for name, render in (('dest', lambda: json.dumps(report_dict, indent=2) + '\n'),
-                             ('markdown', report.to_markdown),
-                             ('junit', report.to_junit)):
+                             ('markdown', lambda: render_report.to_markdown(report)),
+                             ('junit', lambda: render_report.to_junit(report))):
             if args[name]:
                 if write_if_changed(args[name], render(), check_mode=self._task.check_mode):
                     outputs.append(args[name])
@@ -116,7 +106,7 @@ class ActionModule(ActionBase):
             findings=report_dict.get('findings', []),
             missing=report_dict.get('missing', []),
             cause=cause,
-            msg=report_message(report_dict.get('straggler'), cause),
+            msg=render_report.report_verdict(report),
         )
         if args['fail_on_straggler'] and result['straggler']:
             result['failed'] = True

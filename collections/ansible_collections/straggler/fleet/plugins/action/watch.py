@@ -66,15 +66,14 @@ def summarize(events):
 
 
 def watch_message(straggler, finding, lost, duration):
-    """One line: the straggler and its cause, or that none was named."""
+    """One line: the core's verdict line for the straggler and its cause (or that none was named), and
+    who did not answer."""
     tail = ('; not answering: %s' % ', '.join(lost)) if lost else ''
-    if not straggler:
-        return 'no straggler named in %g s of watching%s' % (duration, tail)
     finding = finding or {}
-    rank = (' rank %s' % finding['rank']) if finding.get('rank') is not None else ''
-    share = (' (%d%% of its excess)' % round(100 * finding['share'])) if finding.get('share') is not None else ''
-    return 'straggler: %s%s: %s%s: %s%s' % (
-        straggler, rank, finding.get('cause'), share, finding.get('summary') or '', tail)
+    line = import_core('render.report').verdict_line(
+        straggler, finding.get('cause'), finding.get('share'), finding.get('summary'), finding.get('rank'),
+        none='no straggler named in %g s of watching' % duration)
+    return line + tail
 
 
 class ActionModule(ActionBase):

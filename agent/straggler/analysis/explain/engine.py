@@ -1,0 +1,205 @@
+"""explain's analysis: the options, each rank's window and time, the verdict of the model, and the
+findings that make the Report. It reads through a runner (runners.py) and never writes a database;
+the decisions are model.py's (pure), the words findings.py's, the SQL sql.py's."""
+import time
+from dataclasses import asdict, dataclass, field
+
+from ...errors import UsageError
+from ...store.steptime import rank_time
+from . import findings, model, sql
+from .findings import CAUSE_CLASSES
+from .report import SEVERITY_ORDER, Report
+from .runners import ConnRunner, DbRunner, FleetRunner
+from .windows import calling_tids, cut_windows, group_threads
+
+N_SLICES = 8
+
+
+@dataclass
+class ExplainOptions:
+    baseline_fraction: float = 0.25  # the first part of each rank's window is its own baseline
+    since_ns: int = None             # only intervals from here (node CLOCK_MONOTONIC ns) ...
+    until_ns: int = None             # ... up to here
+    recent_from_ns: int = None       # the recent part starts here (instead of baseline_fraction)
+    baseline_until_ns: int = None    # the baseline ends here (default: where the recent part starts)
+    recent_s: float = None           # the recent part is each rank's last S seconds (instead of baseline_fraction)
+    min_gap: float = model.ModelOptions.min_gap
+    max_wait_ratio: float = model.ModelOptions.max_wait_ratio
+    consistency: float = model.ModelOptions.consistency
+    min_cause_share: float = model.ModelOptions.min_cause_share
+    min_calls: int = 20              # a process with fewer traced calls in the window is not a rank
+    timeout_s: float = 300.0         # per query
+
+    @classmethod
+    def from_kwargs(cls, **opts):
+        unknown = set(opts) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise UsageError(f"unknown explain option(s): {', '.join(sorted(unknown))}")
+        return cls(**{k: v for k, v in opts.items() if v is not None})
+
+    def model_options(self):
+        return model.ModelOptions(min_gap=self.min_gap, max_wait_ratio=self.max_wait_ratio,
+                                  consistency=self.consistency, min_cause_share=self.min_cause_share)
+
+
+@dataclass
+class Context:
+    """What the findings read of one analysis (the runner, the options, each rank's window and time
+    over its baseline and recent part, the slices of the recent part, the verdict, the SQL run)."""
+    runner: object
+    opts: "ExplainOptions"
+    mopts: model.ModelOptions
+    span_rows: list                      # sql.spans rows of the ranks judged
+    windows: list                        # [Window]
+    win_of: dict                         # (node, pid) -> Window
+    threads_sql: str
+    slices_sql: str
+    verdict: model.Verdict
+    slices: list                         # [[RankTime]] per slice of the recent part, in time order
+    slice_index: list                    # the slice number of each entry of `slices`
+    slice_ns: int
+    recent: dict = field(default_factory=dict)     # (node, pid) -> RankTime over the recent part
+    baseline: dict = field(default_factory=dict)   # (node, pid) -> RankTime over its baseline
+    ranks: list = field(default_factory=list)      # [RankTime] recent, in (node, rank, pid) order
+
+
+def explain_connection(conn, source, missing=None, answered=None, **opts):
+    """Explain the rows in an open SQLite connection with the store's schema (straggler watch).
+    missing: {node: {"node", "status", "message"}} of nodes that did not answer; answered: {node: status}."""
+    options = ExplainOptions.from_kwargs(**opts)
+    return explain(ConnRunner(conn, missing, answered), options, source)
+
+
+def top_cause(report, node):
+    """The cause finding (one of CAUSE_CLASSES) that explains the largest share of `node`'s excess, or None."""
+    causes = [f for f in report.findings if f.node == node and f.cause in CAUSE_CLASSES]
+    return max(causes, key=lambda f: f.share, default=None)
+
+
+def explain_db(db_path, **opts):
+    """Explain one database (a merged cluster.db, or a single node's store)."""
+    options = ExplainOptions.from_kwargs(**opts)
+    return explain(DbRunner(db_path, options.timeout_s), options, f"database {db_path}")
+
+
+def explain_fleet(nodes, tls, **opts):
+    """Explain live, running each query on every node through the fleet client."""
+    fleet_query = opts.pop("fleet_query", None)
+    deadline_s = opts.pop("deadline_s", None)
+    options = ExplainOptions.from_kwargs(**opts)
+    if "timeout_s" not in opts:
+        options.timeout_s = 30.0
+    runner = FleetRunner(nodes, tls, options.timeout_s, deadline_s, fleet_query)
+    spec = nodes if isinstance(nodes, str) else ",".join(map(str, nodes))
+    return explain(runner, options, f"fleet {spec}")
+
+
+def explain(runner, opts, source):
+    """The analysis over one runner: the windows, each rank's time, the verdict, the findings -> Report."""
+    started = time.monotonic()
+    report = Report(source=source, options={k: v for k, v in asdict(opts).items() if v is not None})
+    mopts = opts.model_options()
+    span_sql = sql.spans(opts.since_ns, opts.until_ns)
+    span_rows = [r for r in runner.rows(span_sql) if (r["calls"] or 0) >= opts.min_calls]
+    windows = cut_windows(span_rows, opts)
+    rank_of = {(r["node"], int(r["pid"])): r["rank"] for r in span_rows}
+    interval_of = {(r["node"], int(r["pid"])): int(r["interval_ns"] or 1) for r in span_rows}
+    ranks_info = {r["node"]: r for r in runner.rows(sql.RANKS)}
+    lost = runner.rows(sql.LOST)
+
+    threads_sql = sql.threads(windows)
+    grouped = group_threads(runner.rows(threads_sql)) if windows else {}
+    calling = calling_tids(grouped)
+    win_of = {w.key: w for w in windows}
+    recent, baseline = {}, {}
+    for key, parts in grouped.items():
+        if key not in calling:
+            continue
+        w = win_of[key]
+        rt = rank_time(key, parts.get("recent", []), w.recent_ns, rank_of.get(key), calling[key])
+        if rt is not None:
+            recent[key] = rt
+        bt = rank_time(key, parts.get("baseline", []), w.baseline_ns, rank_of.get(key), calling[key])
+        if bt is not None:
+            baseline[key] = bt
+
+    # slices of the recent part (the consistency test)
+    slice_rows, slices_sql, slice_ns = [], None, None
+    if recent:
+        longest = max(win_of[k].recent_ns for k in recent)
+        step = max(interval_of.values())
+        slice_ns = max(step, (longest // N_SLICES) // step * step)
+        slices_sql = sql.slices([w for w in windows if w.key in recent], slice_ns)
+        slice_rows = runner.rows(slices_sql)
+    per_slice = {}
+    for r in slice_rows:
+        per_slice.setdefault(int(r["slice"]), {}).setdefault((r["node"], int(r["pid"])), []).append(r)
+    slices, slice_index = [], []
+    for index, by_rank in sorted(per_slice.items()):
+        ranks_here = []
+        for key, rows in by_rank.items():
+            if key not in calling:
+                continue
+            main = next((x for x in rows if x["tid"] == calling[key]), None)
+            if main is None:
+                continue
+            wall = int(main["intervals"]) * interval_of[key]
+            rt = rank_time(key, rows, wall, rank_of.get(key), calling[key])
+            if rt is not None:
+                ranks_here.append(rt)
+        if len(ranks_here) >= 2:
+            slices.append(ranks_here)
+            slice_index.append(index)
+
+    ranks = sorted(recent.values(), key=lambda r: (r.key[0], r.rank if r.rank is not None else -1, r.key[1]))
+    verdict = model.find_stragglers(ranks, slices, mopts)
+    named = [s["rank"].key for s in verdict.stragglers]
+    report.stragglers = []
+    for k in named:
+        if k[0] not in report.stragglers:
+            report.stragglers.append(k[0])
+    report.straggler = report.stragglers[0] if report.stragglers else None
+
+    # ---- missing nodes
+    nodes = sorted({r.key[0] for r in ranks})
+    missing = dict(runner.missing)
+    world = max([r["world_size"] or 0 for r in ranks_info.values()] or [0])
+    present = {r.rank for r in ranks if r.rank is not None}
+    for name in runner.answered:
+        if name not in nodes and name not in missing:
+            missing[name] = dict(node=name, status="no-data", message="answered, but traced no rank's calls")
+    absent = sorted(set(range(world)) - present) if world else []
+    if absent and not missing:
+        for rk in absent:
+            missing[f"rank {rk}"] = dict(node=f"rank {rk}", status="no-data", rank=rk,
+                                         message=f"world_size is {world} but no node with rank {rk} has data")
+    report.missing = list(missing.values())
+
+    # ---- per rank rows
+    for r in ranks:
+        report.nodes.append(dict(
+            node=r.key[0], pid=r.key[1], rank=r.rank, thread=f"{r.comm} ({r.tid})",
+            wait_pct=round(100 * r.wait_share(verdict.wait_def), 1), host_pct=round(100 * r.share("host"), 1),
+            runq_pct=round(100 * r.share("runq"), 1), sync_pct=round(100 * r.share("sync"), 1),
+            io_pct=round(100 * r.share("io"), 1), coll_pct=round(100 * r.share("coll"), 1),
+            blocked_pct=round(100 * r.share("blocked"), 1), work_pct=round(100 * r.share("work"), 1),
+            role="straggler" if r.key in named else ""))
+
+    ctx = Context(runner=runner, opts=opts, mopts=mopts, span_rows=span_rows, windows=windows, win_of=win_of,
+                  threads_sql=threads_sql, slices_sql=slices_sql, verdict=verdict, slices=slices,
+                  slice_index=slice_index, slice_ns=slice_ns, recent=recent, baseline=baseline, ranks=ranks)
+    if verdict.stragglers:
+        for i, s in enumerate(verdict.stragglers):
+            findings.straggler_findings(report, ctx, s, first=(i == 0))
+        findings.waiter_finding(report, ctx)
+    else:
+        findings.no_straggler_findings(report, ctx)
+    findings.communicator_finding(report, ctx)
+
+    findings.missing_finding(report, ctx, world, span_sql)
+    findings.error_findings(report, runner, opts)
+    findings.lost_findings(report, lost)
+    # the straggler findings first, in their rank order (a stable sort keeps it), then by severity and share
+    report.findings.sort(key=lambda f: (f.cause != "straggler", SEVERITY_ORDER.get(f.severity, 9), -f.share))
+    report.elapsed_s = round(time.monotonic() - started, 3)
+    return report

@@ -1,0 +1,444 @@
+"""explain's findings: what each one says, with its numbers, the SQL behind each number and a
+recommendation — the straggler and its causes, the waiters, the communicators, no straggler,
+call errors, missing nodes and lost events. Each takes the analysis' Context (engine.py) and appends
+Findings to the Report; the decisions themselves are model.py's (and comms.py's)."""
+from ...probes import symbols
+from ...text import fmt_bytes, fmt_ns as _fmt_ns
+from . import comms as comms_model, model, sql
+from .report import Finding
+
+CAUSE_CLASSES = ("cpu-contention", "self-contention", "host-compute", "gpu-slow", "cuda-calls", "io-self",
+                 "io-other", "unknown")
+
+
+def _fmt_bytes(b):
+    return fmt_bytes(b or 0)
+
+
+# excess component -> (cause class, summary, recommendation): the classes that need no more evidence
+SIMPLE_CAUSES = {
+    "host": ("host-compute",
+             "host compute on {node}: its calling thread computes on the CPU outside CUDA/NCCL calls more than the others "
+             "— {grew} vs {others} "
+             "(data loading, preprocessing, Python, GC)",
+             "profile the step's host side on that node (py-spy top --pid PID): data loading (more DataLoader workers, "
+             "pinned memory), preprocessing, GC pauses (gc.freeze / gc.disable)"),
+    "sync": ("gpu-slow",
+             "slow GPU on {node}: it spends more time in synchronize (waiting for its own device) than the others, its "
+             "host side does not — {grew} vs {others}; no host process is to blame",
+             "check that GPU: nvidia-smi -q -d PERFORMANCE,CLOCK,TEMPERATURE (throttling, clocks), ECC/XID errors in "
+             "dmesg, its PCIe/NVLink link width; drain the node if it persists"),
+    "work": ("cuda-calls",
+             "CUDA calls slower on {node}: more on-CPU time inside launch/alloc/copy calls than the others — {grew} vs "
+             "{others}",
+             "look at the driver side: allocator churn (cudaMalloc in the loop), pageable copies (pin host memory), "
+             "a contended driver lock"),
+}
+
+
+def error_findings(report, runner, opts):
+    """cuda-errors: a node whose CUDA/NCCL calls return errors (a lost GPU, an ECC error, a driver
+    mismatch) is not fast, it is broken: which calls, which codes, since when, and what share of
+    all its calls failed."""
+    errors_sql = sql.call_errors(opts.since_ns, opts.until_ns)
+    rows = runner.rows(errors_sql)
+    if not rows:
+        return
+    counts_sql = sql.call_counts(opts.since_ns, opts.until_ns)
+    totals = {r["node"]: int(r["calls"] or 0) for r in runner.rows(counts_sql)}
+    by_node = {}
+    for r in rows:
+        by_node.setdefault(r["node"], []).append(r)
+    for node, found in by_node.items():
+        failed = sum(int(r["failed"]) for r in found)
+        calls = max(totals.get(node, 0), failed)
+        share = failed / calls if calls else 1.0
+        first, last = min(int(r["first_ts"]) for r in found), max(int(r["last_ts"]) for r in found)
+        codes = "; ".join(f"{r['op']} → {symbols.error_name(r['source'], int(r['ret']))} ×{int(r['failed']):,}"
+                          for r in found[:6]) + (f"; and {len(found) - 6} more" if len(found) > 6 else "")
+        numbers = {"failed_calls": failed, "calls": calls, "failed_pct": round(100 * share, 1)}
+        sources = {"calls": dict(sql="calls", match={"node": node}, column="calls"),
+                   "failed_calls": dict(sql="errors", match={"node": node}, column="failed", sum=True)}
+        for r in found[:6]:
+            key = f"failed.{r['op']}.{int(r['ret'])}"
+            numbers[key] = int(r["failed"])
+            sources[key] = dict(sql="errors", match={"node": node, "op": r["op"], "ret": int(r["ret"])}, column="failed")
+        report.findings.append(Finding(
+            severity="critical" if share >= 0.5 else "warning", node=node, cause="cuda-errors",
+            summary=(f"{node}: {failed:,} of its {calls:,} CUDA/NCCL calls returned an error ({share:.0%}) over "
+                     f"{_fmt_ns(last - first)} from the first: {codes}"),
+            numbers=numbers, sources=sources, sql={"errors": errors_sql.strip(), "calls": counts_sql.strip()},
+            recommendation=(f"check the GPU, driver and NCCL set-up on {node} (nvidia-smi; dmesg for Xid errors; the "
+                            "driver and runtime versions): a node whose calls fail is broken, not fast"),
+            share=share, at_ns=first, window_ns=[first, last]))
+
+
+def missing_finding(report, ctx, world, spans_sql):
+    """Nodes that did not answer, or ranks the job has (world_size) but no node holds: a straggler
+    could hide among them."""
+    if not report.missing:
+        return
+    ranks = ctx.ranks
+    names = ", ".join(f"{m['node']} ({m['status']})" for m in report.missing)
+    doubt = (f"a rank among the missing could be slower than {report.straggler}" if report.straggler
+             else "a straggler among the missing nodes cannot be seen from here")
+    report.findings.append(Finding(
+        severity="warning", node=None, cause="missing-nodes",
+        summary=f"{len(report.missing)} node(s) missing: {names}; the comparison used {len(ranks)} rank(s): {doubt}",
+        numbers={"ranks_with_data": len(ranks), "missing": len(report.missing), "world_size": world or None},
+        sql={"ranks": sql.RANKS.strip(), "spans": spans_sql.strip()},
+        recommendation="bring the missing agents up (straggler status on each) and re-run explain"))
+
+
+def lost_findings(report, lost):
+    """Nodes whose agent lost events: their numbers are lower bounds."""
+    for r in lost:
+        report.findings.append(Finding(
+            severity="warning", node=r["node"], cause="data-loss",
+            summary=f"{r['node']} lost {r['lost_events']} events (BPF buffer overruns): its numbers are lower bounds",
+            numbers={"lost_events": r["lost_events"]}, sql={"lost_events": sql.LOST.strip()},
+            sources={"lost_events": dict(sql="lost_events", match={"node": r["node"]}, column="lost_events")},
+            recommendation="raise the agent's buffer size (--ringbuf-kb, --sys-ringbuf-kb) or trace fewer calls"))
+
+
+def _who(rt):
+    return f"{rt.key[0]} (rank {rt.rank})" if rt.rank is not None else f"{rt.key[0]} (pid {rt.key[1]})"
+
+
+def _pct(x):
+    return f"{100 * x:.0f}%"
+
+
+def straggler_findings(report, ctx, s, first):
+    rt, verdict = s["rank"], ctx.verdict
+    others = [r for r in ctx.ranks if r.key != rt.key and r.key not in {x["rank"].key for x in verdict.stragglers}]
+    others = others or [r for r in ctx.ranks if r.key != rt.key]
+    node, pid = rt.key
+    base = ctx.baseline.get(rt.key)
+    base_txt = (f" (its own baseline: {_pct(base.wait_share(verdict.wait_def))})" if base and base.wall_ns else "")
+    style = ("in collectives and blocked" if verdict.wait_def == "blocking"
+             else "in collectives, blocked and in synchronize: in this job the ranks wait for each other in synchronize "
+                  "too, as with collectives that only enqueue")
+    summary = (f"{_who(rt)} is the straggler: it waits least for its peers — its calling thread {rt.comm} "
+               f"(tid {rt.tid}) spent {_pct(s['wait'])} of its time waiting ({style}) vs {_pct(s['others_median'])} "
+               f"median on the other ranks{base_txt}, lower in {s['consistency']:.0%} of the window's slices; "
+               f"everyone else waits for it")
+    match = {"node": node, "pid": pid, "tid": rt.tid, "part": "recent"}
+    report.findings.append(Finding(
+        severity="critical", node=node, cause="straggler", summary=summary,
+        numbers={"wait_pct": round(100 * s["wait"], 1), "others_median_wait_pct": round(100 * s["others_median"], 1),
+                 "gap_pct": round(100 * s["gap"], 1), "slices_lower": round(s["consistency"], 2),
+                 "coll_ns": rt.raw.get("coll_ns"), "blocked_ns": rt.raw.get("blocked_ns"), "wall_ns": rt.wall_ns,
+                 "rank": rt.rank},
+        sources={"coll_ns": dict(sql="threads", match=match, column="coll_ns"),
+                 "blocked_ns": dict(sql="threads", match=match, column="blocked_ns")},
+        sql={"threads": ctx.threads_sql.strip(), **({"slices": ctx.slices_sql.strip()} if ctx.slices_sql else {})},
+        recommendation="see the cause findings below", share=1.0))
+    first_new = len(report.findings) - 1
+    _cause_findings(report, ctx, rt, others, base)
+    # when: the straggler's recent window, from the first slice in which it waited less than the others
+    w = ctx.win_of[rt.key]
+    tb, t1 = w.tb, w.t1
+    lower = model.lower_in_slices(rt.key, ctx.slices, verdict.wait_def, ctx.mopts.min_gap)
+    onset = next((tb + i * ctx.slice_ns for i, hit in zip(ctx.slice_index, lower) if hit), tb)
+    for f in report.findings[first_new:]:
+        f.at_ns, f.window_ns = int(onset), [int(tb), int(t1)]
+
+
+def _cause_findings(report, ctx, rt, others, base):
+    runner, windows, mopts = ctx.runner, ctx.windows, ctx.mopts
+    verdict = ctx.verdict
+    node, pid = rt.key
+    w = ctx.win_of[rt.key]
+    recent_s, base_s = w.recent_ns / 1e9, w.baseline_ns / 1e9
+    ex, total = model.excess(rt, others, verdict.wait_def, ctx.baseline)
+    explained = sum(ex.values())
+    denom = max(total, explained, 1e-9)
+    threads_sql = ctx.threads_sql.strip()
+    match = {"node": node, "pid": pid, "tid": rt.tid, "part": "recent"}
+
+    def grew(component):
+        now = rt.share(component)
+        if base is None or not base.wall_ns:
+            return f"{_pct(now)} of its time"
+        return f"{_pct(base.share(component))} → {_pct(now)} of its time"
+
+    def others_txt(component):
+        return f"{_pct(model.median([o.share(component) for o in others]))} median on the other ranks"
+
+    def add(cause, share, summary, numbers, sources=None, extra_sql=None, recommendation=""):
+        if share < mopts.min_cause_share:
+            return
+        report.findings.append(Finding(
+            severity="critical" if share >= 0.5 else "warning" if share >= 0.2 else "info", node=node, cause=cause,
+            summary=summary, numbers=dict(numbers, share_of_excess=round(share, 3)), sources=sources or {},
+            sql=dict({"threads": threads_sql}, **(extra_sql or {})), recommendation=recommendation,
+            share=round(share, 3)))
+
+    excess_ns = int(total * rt.wall_ns)
+    # ---- run queue: who held the CPU
+    if ex.get("runq", 0) > 0:
+        thieves_sql = sql.thieves(windows, node, pid)
+        rows = runner.rows(thieves_sql)
+        rec = {(r["kind"], r["thief_pid"], r["thief_comm"]): r["runq_ns"] or 0 for r in rows if r["part"] == "recent"}
+        bas = {(r["kind"], r["thief_pid"], r["thief_comm"]): r["runq_ns"] or 0 for r in rows if r["part"] == "baseline"}
+        growth = model.thief_growth(rec, bas, recent_s, base_s)
+        own_share, other_share = model.split_runq(growth)
+        runq_share = ex["runq"] / denom
+        helpers = (f"; {_fmt_ns(rt.helper_runq_ns)} of it while it waited for its own threads"
+                   if rt.helper_runq_ns else "")
+        base_runq = f"run-queue wait {grew('runq')} vs {others_txt('runq')}{helpers}"
+        # group the thieves by process (kind, pid) for naming
+        by_proc = {}
+        for (kind, tpid, comm), rate in growth.items():
+            acc = by_proc.setdefault((kind, tpid), dict(rate=0.0, comms=set(), by_comm={}))
+            acc["rate"] += rate
+            if comm:
+                acc["comms"].add(comm)
+                acc["by_comm"][comm] = acc["by_comm"].get(comm, 0.0) + rate
+        for (kind, tpid), acc in by_proc.items():
+            if tpid is not None and acc["by_comm"]:   # one process: named by the name its threads mostly had
+                acc["comms"] = {max(acc["by_comm"], key=acc["by_comm"].get)}
+        total_rate = sum(v["rate"] for v in by_proc.values()) or 1.0
+        foreign = sorted(((k, v) for k, v in by_proc.items() if k[0] not in model.OWN_KINDS), key=lambda kv: -kv[1]["rate"])
+        own = sorted(((k, v) for k, v in by_proc.items() if k[0] in model.OWN_KINDS), key=lambda kv: -kv[1]["rate"])
+        io_rows = None
+        if other_share * runq_share >= mopts.min_cause_share:
+            io_rows = runner.rows(sql.block_io(windows, node, pid))
+            names = []
+            numbers = {"runq_ns": rt.raw.get("runq_ns"), "excess_ns": excess_ns}
+            top = None
+            for (kind, tpid), v in foreign[:4]:
+                label = _thief_label(kind, tpid, v["comms"], io_rows)
+                names.append(f"{label}: {_fmt_ns(v['rate'] * recent_s)} ({v['rate'] / total_rate:.0%})")
+                top = top or (kind, tpid, v["comms"])
+            numbers["runq_recent_ns"] = sum(rec.values())
+            summary = (f"CPU contention on {node}: other tasks held its trainer's CPU — {base_runq}; who held it "
+                       f"(run-queue wait grown over the baseline): " + "; ".join(names or ["not recorded"]))
+            add("cpu-contention", runq_share * other_share, summary, numbers,
+                sources={"runq_ns": dict(sql="threads", match=match, column="runq_ns")},
+                extra_sql={"thieves": thieves_sql.strip()},
+                recommendation=_recommend_cpu(top, io_rows))
+        if own_share * runq_share >= mopts.min_cause_share:
+            names = [f"{', '.join(sorted(v['comms'])) or 'its threads'}: {v['rate'] / total_rate:.0%}"
+                     for (kind, tpid), v in own[:3]]
+            summary = (f"self-contention on {node}: the trainer's own threads (or its child processes) compete for "
+                       f"too few cores — {base_runq}; its own: " + "; ".join(names))
+            add("self-contention", runq_share * own_share, summary, {"runq_ns": rt.raw.get("runq_ns"), "excess_ns": excess_ns},
+                sources={"runq_ns": dict(sql="threads", match=match, column="runq_ns")},
+                extra_sql={"thieves": sql.thieves(windows, node, pid).strip()},
+                recommendation="give the trainer more cores (its cpuset/affinity), or fewer threads: torch.set_num_threads, "
+                               "OMP_NUM_THREADS, DataLoader num_workers sized to the cores it has")
+    for component, (cause, what, recommendation) in SIMPLE_CAUSES.items():
+        if ex.get(component, 0) > 0:
+            column = f"{component}_ns"
+            add(cause, ex[component] / denom,
+                what.format(node=node, grew=grew(component), others=others_txt(component)),
+                dict({f"{component}_pct": round(100 * rt.share(component), 1), "excess_ns": excess_ns},
+                     **({column: rt.raw[column]} if column in rt.raw else {})),
+                sources={column: dict(sql="threads", match=match, column=column)} if column in rt.raw else {},
+                recommendation=recommendation)
+    if ex.get("io", 0) > 0:
+        io_sql = sql.block_io(windows, node, pid)
+        rows = runner.rows(io_sql)
+        own_rec = sum(r["bytes"] or 0 for r in rows if r["own"] and r["part"] == "recent")
+        own_base = sum(r["bytes"] or 0 for r in rows if r["own"] and r["part"] == "baseline")
+        others_rec = [r for r in rows if not r["own"] and r["part"] == "recent"]
+        cls = model.classify_io(own_rec, own_base, sum(r["bytes"] or 0 for r in others_rec), recent_s, base_s)
+        numbers = {"io_ns": rt.raw.get("io_ns"), "own_io_bytes": own_rec, "excess_ns": excess_ns}
+        if cls == "io-self":
+            summary = (f"its own block I/O on {node}: the trainer sleeps on I/O it issued itself — {grew('io')} vs "
+                       f"{others_txt('io')}; it wrote/read {_fmt_bytes(own_rec)} in the recent window")
+            rec = ("move checkpoint writes and data reads out of the training loop's thread: an async checkpoint "
+                   "(torch.distributed.checkpoint async_save), a background writer, prefetching loaders")
+        else:
+            top = max(others_rec, key=lambda r: r["bytes"] or 0)
+            summary = (f"block I/O of another process on {node}: the trainer's own I/O ({_fmt_bytes(own_rec)}) got "
+                       f"slower while {top['comm']} (pid {top['pid']}) wrote/read {_fmt_bytes(top['bytes'])} on the same "
+                       f"node — {grew('io')} vs {others_txt('io')}")
+            rec = f"`ionice -c3 -p {top['pid']}`, move its I/O to another disk, or schedule it outside training"
+            numbers["other_io_bytes"] = top["bytes"]
+        add(cls, ex["io"] / denom, summary, numbers,
+            sources={"io_ns": dict(sql="threads", match=match, column="io_ns")},
+            extra_sql={"block_io": io_sql.strip()}, recommendation=rec)
+    unknown = max(0.0, total - explained) / denom if total > 0 else 0.0
+    if unknown >= max(0.2, mopts.min_cause_share):
+        add("unknown", unknown,
+            f"{unknown:.0%} of {node}'s excess step time is explained by none of the classes (on-CPU in calls, host "
+            f"compute, run queue, synchronize, own I/O): it may wait on something not traced (a lock, the network "
+            f"outside NCCL, page faults)",
+            {"excess_ns": excess_ns, "explained_ns": int(explained * rt.wall_ns)},
+            recommendation="profile its blocking: offcputime-style stacks (py-spy dump --pid PID) while it straggles")
+
+
+def _thief_label(kind, pid, comms, io_rows):
+    names = ", ".join(sorted(comms)[:4]) + (f" and {len(comms) - 4} more" if len(comms) > 4 else "") if comms else "?"
+    if kind == "kernel":
+        return f"kernel work ({names})"
+    if kind == "outside":
+        return f"{names} (outside this agent's scope: another container or namespace; pid not visible)"
+    if kind == "idle":
+        return "no one (an idle CPU: the scheduler was slow to move it)"
+    wrote = sum(r["bytes"] or 0 for r in (io_rows or []) if r["pid"] == pid and r["part"] == "recent")
+    what = f", a writer: {_fmt_bytes(wrote)} of block I/O in the window" if wrote else ""
+    return f"{names} (pid {pid}{what})"
+
+
+def _recommend_cpu(top, io_rows):
+    if not top:
+        return "find what runs on the trainer's cores (top -H, pidstat -t) and move it away"
+    kind, pid, comms = top
+    name = ", ".join(sorted(comms)) or "it"
+    if kind == "kernel":
+        return (f"kernel work ({name}) takes the trainer's CPU: check interrupts and softirqs on its cores "
+                "(/proc/interrupts, irqbalance), and keep them off the trainer's cores")
+    if kind == "outside":
+        return (f"{name} runs in another container/namespace on the same cores: give the trainer a cpuset of its own "
+                "or run the other workload elsewhere")
+    if kind == "idle":
+        return "the CPU was free but the trainer waited: check the cpuset/affinity it is pinned to"
+    wrote = any(r["pid"] == pid and (r["bytes"] or 0) for r in (io_rows or []))
+    base = (f"move {name} (pid {pid}) off the trainer's cores: `taskset -pc <other cores> {pid}` (or pin the trainer to "
+            f"cores of its own with a cpuset), and lower its priority (`renice +19 -p {pid}`)")
+    if wrote:
+        return base + "; it writes: make the checkpoint asynchronous / throttled, or run it with `ionice -c3`"
+    return base + "; or stop it while training"
+
+
+def waiter_finding(report, ctx):
+    verdict = ctx.verdict
+    named = {s["rank"].key for s in verdict.stragglers}
+    waiters = [r for r in ctx.ranks if r.key not in named]
+    if not waiters:
+        return
+    who = ", ".join(f"{_who(s['rank'])}" for s in verdict.stragglers)
+    parts = [f"{_who(r)} waits {_pct(r.wait_share(verdict.wait_def))} (run queue {_pct(r.share('runq'))})" for r in waiters]
+    report.findings.append(Finding(
+        severity="info", node=None, cause="waiters",
+        summary=f"the other ranks are waiters, not causes: they spend their time waiting for {who} — " + "; ".join(parts),
+        numbers={f"{r.key[0]}.wait_pct": round(100 * r.wait_share(verdict.wait_def), 1) for r in waiters},
+        sql={"threads": ctx.threads_sql.strip()}, recommendation=f"nothing to fix on them: they wait for {who}"))
+
+
+COLLECTIVE_OPS = tuple(op for op, _source, kind, _groups in symbols.FUNCTIONS if kind in symbols.ARG_NCCL_COLL_KINDS)
+
+
+MEMBERS_SHOWN = 8      # per communicator, in a summary and its numbers (a data-parallel group can have thousands)
+
+
+def _comm_label(c):
+    if not c.matched:
+        return (f"communicator {c.cid} (its set-up was not traced: made before the agent attached, or by a call it "
+                "does not trace such as ncclCommInitAll, so its members on other nodes cannot be matched)")
+    size = f"{len(c.members)} of {c.nranks} ranks" if c.nranks else f"{len(c.members)} ranks"
+    ranks = ", ".join(f"{m.node}" + (f" rank {m.rank}" if m.rank is not None else "") for m in c.members[:MEMBERS_SHOWN])
+    if len(c.members) > MEMBERS_SHOWN:
+        ranks += f", and {len(c.members) - MEMBERS_SHOWN} more"
+    return f"communicator {c.cid} ({size}, made by {c.made_by}: {ranks})"
+
+
+def communicator_finding(report, ctx):
+    """The job's NCCL communicators (matched across nodes by their set-up) and each rank's recorded time
+    in the collectives of each; with a straggler, the communicator in which its peers wait for it, when
+    they do wait inside collective calls (not with collectives that only enqueue)."""
+    windows = [w for w in ctx.windows if w.key in ctx.recent]
+    if not windows:
+        return
+    runner, opts = ctx.runner, ctx.opts
+    coll_sql = sql.comm_collectives(windows, COLLECTIVE_OPS)
+    coll_rows = runner.rows(coll_sql)
+    if not any(r.get("communicator") for r in coll_rows):
+        return
+    setup_sql = sql.comm_setups(opts.until_ns)
+    ranks = {(r["node"], int(r["pid"])): r["rank"] for r in ctx.span_rows}
+    found = comms_model.group(runner.rows(setup_sql), coll_rows, ranks)
+    if not found:
+        return
+    numbers, sources = {}, {}
+
+    def cite(i, c):
+        for m in c.members[:MEMBERS_SHOWN]:
+            name = f"comm{i}.{m.node}.pid{m.pid}.dur_ns"
+            numbers[name] = m.dur_ns
+            sources[name] = dict(sql="collectives", match={"node": m.node, "pid": m.pid, "communicator": m.address},
+                                 column="dur_ns", sum=True)
+
+    def times(c):
+        parts = [f"{m.node} {_fmt_ns(m.dur_ns)}" for m in c.members[:MEMBERS_SHOWN]]
+        more = len(c.members) - MEMBERS_SHOWN
+        return ", ".join(parts) + (f", and {more} more" if more > 0 else "")
+
+    def ops(c):
+        return ", ".join(f"{op} ×{n:,}" for op, n in sorted(c.ops().items(), key=lambda kv: -kv[1]))
+
+    shown = found[:4]
+    for i, c in enumerate(shown):
+        cite(i, c)
+    verdict = ctx.verdict
+    node, share, waited_in = None, 0.0, None
+    if verdict.stragglers:
+        rt = verdict.stragglers[0]["rank"]
+        node = rt.key[0]
+        where = comms_model.where_waited(found, rt.key, rt.wall_ns)
+        if where is not None:
+            c, others_ns, mine_ns = where
+            waited_in = c
+            head = (f"its peers wait for {_who(rt)} in {_comm_label(c)}: in its recorded collectives ({ops(c)}) over "
+                    f"the recent window the other members spent {_fmt_ns(others_ns)} (median), {_who(rt)} "
+                    f"{_fmt_ns(mine_ns)} — {times(c)}")
+            if all(c is not x for x in shown):
+                cite(len(shown), c)
+        elif verdict.wait_def == "enqueue":
+            head = (f"the ranks wait for {_who(rt)} in synchronize, not inside collective calls (collectives that only "
+                    "enqueue): which communicator holds them cannot be told from the calls' times; recorded collective "
+                    "time per communicator")
+        else:
+            head = (f"no communicator of {_who(rt)}'s shows its peers waiting inside its collectives (at least 5% of "
+                    "the window and twice its own); recorded collective time per communicator")
+    else:
+        head = "no straggler; recorded collective time per communicator"
+    rest = [c for c in shown if c is not waited_in]
+    tail = "; ".join(f"{_comm_label(c)}: {ops(c)} — {times(c)}" for c in rest)
+    more = f"; and {len(found) - len(shown)} more communicator(s)" if len(found) > len(shown) else ""
+    summary = head + (f". Communicators: {tail}" if tail and waited_in is not None else f": {tail}" if tail else "") + more
+    report.findings.append(Finding(
+        severity="info", node=node, cause="communicators", summary=summary, numbers=numbers, sources=sources,
+        sql={"setups": setup_sql.strip(), "collectives": coll_sql.strip()}, share=share,
+        recommendation=("the members of that communicator are the ranks the straggler delays first; fix the "
+                        "straggler (see the cause findings) rather than the collective" if waited_in else
+                        "nothing to fix here: collective time per communicator, for reference")))
+
+
+def no_straggler_findings(report, ctx):
+    verdict, ranks, base = ctx.verdict, ctx.ranks, ctx.baseline
+    why = "; ".join(f"{_who(rt)} {reason}" for rt, reason in verdict.rejected) or (
+        "fewer than two ranks with data" if len(ranks) < 2 else "every rank waits about as much as the others")
+    numbers = {f"{r.key[0]}.wait_pct": round(100 * r.wait_share(verdict.wait_def), 1) for r in ranks}
+    # every rank's synchronize grew alike: the device side or the network, not one host
+    grown = [r for r in ranks if r.key in base and base[r.key].share("sync") > 0
+             and r.share("sync") >= 1.3 * base[r.key].share("sync") and r.share("sync") - base[r.key].share("sync") >= 0.05]
+    if ranks and len(grown) == len(ranks) and len(ranks) >= 2:
+        report.findings.append(Finding(
+            severity="warning", node=None, cause="device-wide",
+            summary=("every rank's time in synchronize grew alike ("
+                     + ", ".join(f"{r.key[0]} {_pct(base[r.key].share('sync'))} → {_pct(r.share('sync'))}" for r in grown)
+                     + "): the wait is on the device side or in the collective's network, and with collectives that only "
+                       "enqueue (NCCL on GPUs) the host cannot tell whose GPU is slow"),
+            numbers={f"{r.key[0]}.sync_pct": round(100 * r.share("sync"), 1) for r in grown},
+            sql={"threads": ctx.threads_sql.strip()},
+            recommendation="compare the GPUs directly: nvidia-smi -q -d PERFORMANCE,CLOCK on each node, or NCCL's own "
+                           "timing (NCCL_DEBUG=INFO, the PyTorch flight recorder)"))
+    missing = report.missing
+    if missing and ranks and all(r.key in base and r.wait_share(verdict.wait_def) >= 1.15 * base[r.key].wait_share(verdict.wait_def)
+                                 and r.wait_share(verdict.wait_def) > 0 for r in ranks):
+        report.findings.append(Finding(
+            severity="warning", node=None, cause="waiters",
+            summary=(f"no straggler among the {len(ranks)} ranks with data, but all of them now wait longer than in their "
+                     f"own baseline: the straggler is probably one of the missing nodes "
+                     f"({', '.join(m['node'] for m in missing)})"),
+            numbers=numbers, sql={"threads": ctx.threads_sql.strip()},
+            recommendation="bring the missing agents up and re-run explain"))
+    report.findings.append(Finding(
+        severity="info", node=None, cause="no-straggler",
+        summary=f"no straggler among {len(ranks)} rank(s): {why}", numbers=numbers,
+        sql={"threads": ctx.threads_sql.strip()}))

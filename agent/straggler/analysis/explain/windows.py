@@ -1,0 +1,78 @@
+"""Each rank's window of time: the span of its summaries, cut into its own baseline and the recent
+part explain judges; and the inputs the model takes from the threads' sums (the calling thread)."""
+from typing import NamedTuple
+
+from ...store.steptime import calling_thread
+
+
+class Window(NamedTuple):
+    """One rank's window on its node's CLOCK_MONOTONIC (ns): its own baseline [t0, te) and the recent
+    part [tb, t1) (te <= tb: what lies between, a fault settling in, belongs to neither)."""
+    node: str
+    pid: int
+    t0: int
+    te: int
+    tb: int
+    t1: int
+
+    @property
+    def key(self):
+        return (self.node, self.pid)
+
+    @property
+    def baseline_ns(self):
+        return self.te - self.t0
+
+    @property
+    def recent_ns(self):
+        return self.t1 - self.tb
+
+
+def cut_windows(span_rows, opts):
+    """A Window per rank: its span of intervals with calls, less the partial first
+    and last interval, split into its own baseline [t0, te) and the recent part [tb, t1)."""
+    out = []
+    for r in span_rows:
+        step = int(r["interval_ns"] or 1)
+        t0, t1 = int(r["first_ts"]), int(r["last_ts"])
+        if t1 - t0 >= 4 * step:
+            t0, t1 = t0 + step, t1 - step
+        if opts.since_ns is not None:
+            t0 = max(t0, int(opts.since_ns))
+        if opts.until_ns is not None:
+            t1 = min(t1, int(opts.until_ns))
+        if t1 <= t0:
+            continue
+        if opts.recent_from_ns is not None:
+            tb = min(max(int(opts.recent_from_ns), t0), t1)
+        elif opts.recent_s is not None:
+            tb = max(t0, t1 - int(opts.recent_s * 1e9) // step * step)
+        else:
+            tb = t0 + int((t1 - t0) * opts.baseline_fraction) // step * step
+        te = tb if opts.baseline_until_ns is None else max(min(int(opts.baseline_until_ns), tb) // step * step, t0)
+        out.append(Window(r["node"], int(r["pid"]), t0, te, tb, t1))
+    return out
+
+
+def group_threads(rows):
+    """{(node, pid): {part: [thread dicts]}}."""
+    out = {}
+    for r in rows:
+        out.setdefault((r["node"], int(r["pid"])), {}).setdefault(r.get("part", "recent"), []).append(r)
+    return out
+
+
+def calling_tids(grouped):
+    """The calling thread of each rank, chosen over its whole window."""
+    out = {}
+    for key, parts in grouped.items():
+        merged = {}
+        for rows in parts.values():
+            for r in rows:
+                acc = merged.setdefault(r["tid"], dict(tid=r["tid"], calls=0, work_ns=0, sync_ns=0, coll_ns=0))
+                for c in ("calls", "work_ns", "sync_ns", "coll_ns"):
+                    acc[c] += r.get(c) or 0
+        main = calling_thread(list(merged.values()))
+        if main is not None:
+            out[key] = main["tid"]
+    return out

@@ -1,0 +1,142 @@
+"""explain's report for people and for CI: text, Markdown, JUnit XML, and the one-line verdict every
+face prints (the CLI, the Ansible actions, the watch). Rendering only: the report is data
+(straggler.analysis.explain.report)."""
+import html
+
+from ..text import fmt_bytes, fmt_ns
+from . import table_text, to_markdown as table_markdown
+
+NODE_COLUMNS = ["node", "rank", "thread", "waits", "host", "run queue", "sync", "io", "role"]
+
+
+def verdict_line(straggler, cause=None, share=None, summary=None, rank=None, none="no straggler found"):
+    """The one-line verdict every face prints: 'straggler: NODE[ rank R]: CAUSE (N% of its excess):
+    SUMMARY', 'straggler: NODE' without a cause, or `none` without a straggler."""
+    if not straggler:
+        return none
+    head = f"straggler: {straggler}" + (f" rank {rank}" if rank is not None else "")
+    if not cause:
+        return head
+    pct = f" ({round(100 * share)}% of its excess)" if share is not None else ""
+    return f"{head}: {cause}{pct}: {summary or ''}"
+
+
+def report_verdict(report, none="no straggler found"):
+    """verdict_line of an explain Report: its first straggler and the cause that explains most of its excess."""
+    from ..analysis.explain import top_cause
+    top = top_cause(report, report.straggler) if report.straggler else None
+    if top is None:
+        return verdict_line(report.straggler, none=none)
+    return verdict_line(report.straggler, top.cause, top.share, top.summary, none=none)
+
+
+def _fmt_pct(p):
+    return "" if p is None else f"{p:.0f}%"
+
+
+def _node_row(n):
+    return (n["node"], n.get("rank"), n.get("thread") or "", _fmt_pct(n.get("wait_pct")), _fmt_pct(n.get("host_pct")),
+            _fmt_pct(n.get("runq_pct")), _fmt_pct(n.get("sync_pct")), _fmt_pct(n.get("io_pct")), n.get("role") or "")
+
+
+def to_text(report, show_sql=True, width=None):
+    out = [f"straggler explain — {report.source}"]
+    out.append(f"straggler: {', '.join(report.stragglers or [report.straggler])}" if report.straggler
+               else "straggler: none found")
+    out.append("")
+    for i, f in enumerate(report.findings, 1):
+        out.append(f"{i}. [{f.severity.upper()}] {f.summary}")
+        if f.numbers:
+            out.append("   numbers: " + ", ".join(f"{k}={_fmt_number(k, v)}" for k, v in f.numbers.items()))
+        if f.recommendation:
+            out.append(f"   recommendation: {f.recommendation}")
+        if show_sql:
+            for name, sql in f.sql.items():
+                out.append(f"   SQL ({name}):")
+                out.extend("     " + line for line in sql.strip().splitlines())
+        out.append("")
+    if report.nodes:
+        out.append(table_text(NODE_COLUMNS, [_node_row(n) for n in report.nodes],
+                                     title="per rank: share of the calling thread's time (recent window)",
+                                     width=width))
+    for m in report.missing:
+        out.append(f"missing: {m['node']} ({m['status']}): {m['message']}")
+    return "\n".join(out).rstrip() + "\n"
+
+def to_markdown(report):
+    out = ["# straggler explain", "", f"Source: {report.source}", "",
+           f"**Straggler: {report.straggler}**" if report.straggler else "**No straggler found.**", ""]
+    for i, f in enumerate(report.findings, 1):
+        out.append(f"## {i}. {f.severity.upper()}: {f.cause} — {f.node or 'fleet'}")
+        out.append("")
+        out.append(f.summary)
+        out.append("")
+        if f.numbers:
+            out.append(table_markdown(["number", "value"], [(k, _fmt_number(k, v)) for k, v in f.numbers.items()]))
+        if f.recommendation:
+            out.append(f"**Recommendation:** {f.recommendation}")
+            out.append("")
+        for name, sql in f.sql.items():
+            out.append(f"<details><summary>SQL: {name}</summary>")
+            out.append("")
+            out.append("```sql")
+            out.append(sql.strip())
+            out.append("```")
+            out.append("</details>")
+            out.append("")
+    if report.nodes:
+        out.append("## Per node")
+        out.append("")
+        out.append(table_markdown(NODE_COLUMNS, [_node_row(n) for n in report.nodes]))
+    if report.missing:
+        out.append("## Missing nodes")
+        out.append("")
+        out.extend(f"- {m['node']} ({m['status']}): {m['message']}" for m in report.missing)
+        out.append("")
+    return "\n".join(out)
+
+def to_junit(report):
+    """JUnit XML: one test case per node ("is not the straggler") plus "all nodes answered"."""
+    cases = []
+    by_node = {}
+    for f in report.findings:
+        by_node.setdefault(f.node, []).append(f)
+    named = set(report.stragglers or ([report.straggler] if report.straggler else []))
+    seen = set()
+    for n in report.nodes:
+        name = n["node"]
+        if name in seen:       # several ranks on one node: one case per node
+            continue
+        seen.add(name)
+        body = "\n".join(f"[{f.severity}] {f.summary}" for f in by_node.get(name, []))
+        if name in named:
+            main = next(f for f in report.findings if f.cause == "straggler" and f.node == name)
+            cases.append(f'  <testcase classname="straggler.explain" name="{_x(name)} is not the straggler">\n'
+                         f'    <failure message="{_x(main.summary)}" type="straggler">{_x(body)}</failure>\n'
+                         f'  </testcase>')
+        else:
+            cases.append(f'  <testcase classname="straggler.explain" name="{_x(name)} is not the straggler">'
+                         f'<system-out>{_x(body)}</system-out></testcase>')
+    for m in report.missing:
+        cases.append(f'  <testcase classname="straggler.explain" name="{_x(m["node"])} answered">\n'
+                     f'    <failure message="{_x(m["node"])} {_x(m["status"])}: {_x(m["message"])}" type="missing"/>\n'
+                     f'  </testcase>')
+    failures = len(named) + len(report.missing)
+    return ('<?xml version="1.0" encoding="UTF-8"?>\n'
+            f'<testsuite name="straggler explain" tests="{len(cases)}" failures="{failures}" errors="0" '
+            f'time="{report.elapsed_s:.3f}">\n' + "\n".join(cases) + "\n</testsuite>\n")
+
+
+def _x(text):
+    return html.escape(str(text), quote=True)
+
+
+def _fmt_number(name, value):
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    text = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    if name.endswith("_ns"):
+        return f"{text} ({fmt_ns(value)})"
+    if name.endswith("bytes"):
+        return f"{text} ({fmt_bytes(value or 0)})"
+    return text
