@@ -1,0 +1,199 @@
+"""Synthetic step-time series: a synchronous job's per-thread summaries (thread_time, as the agent
+writes them every interval) for N nodes x R ranks, with faults on a schedule — late, intermittent,
+from the first step, on one rank of a node or on the whole node — written into one cluster database
+(already merged: nodes' clocks aligned) or one store per node. For explain's tests of episodes in
+time and for the benchmark over a day of a large job; the lab's, never the product's.
+
+The physics: every step the job waits for its slowest rank. A faulty rank's own work per step grows by
+its fault (in the component of its kind: run queue for a CPU hog, host compute, synchronize for a
+slow GPU, its own I/O); the others wait (blocked in the collective, or in synchronize with
+collectives that only enqueue) until it arrives. Values are per interval, with a little noise.
+"""
+import json
+import os
+import random
+import sqlite3
+from dataclasses import dataclass, field
+
+from straggler.store import schema
+
+from .synth import REFERENCE_T0_NS
+
+TRAINER_PID = 4000
+HOG_PID = 9100
+BOOT_S = 7200          # each node's CLOCK_MONOTONIC at the trace start, plus 977 s per node index
+KIND_COMPONENT = {"cpu": "runq", "host": "host", "gpu": "sync", "io": "io"}
+
+
+@dataclass
+class Fault:
+    node: int                        # node index (0-based)
+    start_s: float                   # from the trace start
+    end_s: float
+    kind: str = "cpu"                # cpu | host | gpu | io
+    slow: float = 1.6                # the faulty rank's own work per step takes this many times its normal time
+    ranks: tuple = None              # local ranks on that node (None: all of them)
+    on_s: float = None               # intermittent: on for on_s, off for off_s, from start_s
+    off_s: float = None
+
+    def active(self, t_s):
+        if not (self.start_s <= t_s < self.end_s):
+            return False
+        if self.on_s is None:
+            return True
+        return (t_s - self.start_s) % (self.on_s + self.off_s) < self.on_s
+
+    def on_share(self, t0_s, t1_s, step_s=0.05):
+        """The share of [t0, t1) the fault is on (sampled every step_s)."""
+        n = max(1, int(round((t1_s - t0_s) / step_s)))
+        return sum(self.active(t0_s + (i + 0.5) * (t1_s - t0_s) / n) for i in range(n)) / n
+
+
+@dataclass
+class SeriesSpec:
+    nodes: int = 4
+    ranks_per_node: int = 1
+    seconds: float = 600.0
+    interval_s: float = 1.0
+    step_ms: float = 20.0            # a clean step
+    compute_share: float = 0.7       # of a clean step: the rank's own work (the rest it waits for its peers)
+    style: str = "blocking"          # blocking: the wait is in the collective; enqueue: in synchronize
+    faults: list = field(default_factory=list)
+    noise: float = 0.02              # relative noise of each rank's components per interval
+    helper_thread: bool = True       # a second thread per rank (a communication thread) with a little run queue
+    prefix: str = "gpu-node-"
+    seed: int = 1
+
+    def node_name(self, index):
+        return f"{self.prefix}{index + 1:02d}"
+
+
+def _faults_of(spec, node, local):
+    return [f for f in spec.faults if f.node == node and (f.ranks is None or local in f.ranks)]
+
+
+def rows_of_interval(spec, rng, t_s, node, local, rank, slowest):
+    """thread_time rows (dicts) of one rank's threads over [t_s, t_s + interval): `slowest` is the job's
+    step time factor over the interval (the slowest rank's)."""
+    iv = spec.interval_s
+    mine = 1.0
+    component_extra = {}
+    for f in _faults_of(spec, node, local):
+        share = f.on_share(t_s, t_s + iv)
+        if share > 0:
+            extra = (f.slow - 1.0) * share
+            mine += extra
+            component_extra[KIND_COMPONENT[f.kind]] = component_extra.get(KIND_COMPONENT[f.kind], 0.0) + extra
+    compute = spec.compute_share * spec.step_ms / 1000            # a rank's own clean work per step (s)
+    comm = spec.step_ms / 1000 - compute                          # the collective's own time, every rank's
+    step = compute * max(slowest, mine) + comm                    # the job waits for its slowest rank
+    steps = iv / step
+    wait = step - compute * mine                                  # it waits for the slowest (and the transfer)
+    jitter = lambda x: max(0.0, x * (1 + rng.gauss(0, spec.noise)))  # noqa: E731
+    per = dict(work=0.15 * compute, sync=0.35 * compute, host=0.5 * compute, runq=0.0, io=0.0)
+    for comp, extra in component_extra.items():
+        per[comp] = per.get(comp, 0.0) + extra * compute
+    if spec.style == "blocking":
+        coll, blocked, sync_wait = 0.6 * wait, 0.4 * wait, 0.0
+    else:
+        coll, blocked, sync_wait = 0.02 * wait, 0.0, 0.98 * wait
+    ns = lambda s: int(jitter(s) * steps * 1e9)  # noqa: E731
+    runq = ns(per["runq"])
+    main = dict(tid=TRAINER_PID + 100 * rank, comm="pt_main_thread", calls=int(steps * 12),
+                work_ns=ns(per["work"]), sync_ns=ns(per["sync"] + sync_wait), coll_ns=ns(coll),
+                runq_ns=runq, runq_work_ns=runq // 2, runq_sync_ns=0, runq_coll_ns=0,
+                blocked_ns=ns(blocked), io_ns=ns(per["io"]),
+                thieves=json.dumps([["process", HOG_PID + node, "cpu-hog", runq]]) if runq else None)
+    rows = [main]
+    if spec.helper_thread:
+        rows.append(dict(tid=TRAINER_PID + 100 * rank + 1, comm="pt_nccl_comm", calls=0, work_ns=0, sync_ns=0,
+                         coll_ns=0, runq_ns=int(jitter(0.002) * iv * 1e9), runq_work_ns=0, runq_sync_ns=0,
+                         runq_coll_ns=0, blocked_ns=int(0.9 * iv * 1e9), io_ns=0, thieves=None))
+    return rows
+
+
+COLUMNS = ("node", "ts", "interval_ns", "pid", "tid", "rank", "comm", "calls", "work_ns", "sync_ns", "coll_ns",
+           "runq_ns", "runq_work_ns", "runq_sync_ns", "runq_coll_ns", "blocked_ns", "io_ns", "thieves")
+
+
+def _boot_mono_ns(index):
+    return (BOOT_S + 977 * index) * 1_000_000_000
+
+
+def generate(spec):
+    """Yield (node index, [thread_time row tuples]) per interval, in time order."""
+    rng = random.Random(spec.seed)
+    iv = spec.interval_s
+    n_iv = int(spec.seconds / iv)
+    world = spec.nodes * spec.ranks_per_node
+    for i in range(n_iv):
+        t_s = i * iv
+        slowest = 1.0
+        for f in spec.faults:
+            share = f.on_share(t_s, t_s + iv)
+            slowest = max(slowest, 1.0 + (f.slow - 1.0) * share)
+        for node in range(spec.nodes):
+            ts = _boot_mono_ns(node) + int(t_s * 1e9)
+            out = []
+            for local in range(spec.ranks_per_node):
+                rank = node * spec.ranks_per_node + local
+                pid = TRAINER_PID + rank
+                for r in rows_of_interval(spec, rng, t_s, node, local, rank, slowest):
+                    out.append((spec.node_name(node), ts, int(iv * 1e9), pid, r["tid"], rank, r["comm"], r["calls"],
+                                r["work_ns"], r["sync_ns"], r["coll_ns"], r["runq_ns"], r["runq_work_ns"],
+                                r["runq_sync_ns"], r["runq_coll_ns"], r["blocked_ns"], r["io_ns"], r["thieves"]))
+            yield node, out
+    del world
+
+
+def _side_tables(conn, spec, nodes):
+    for node in nodes:
+        name = spec.node_name(node)
+        mono0 = _boot_mono_ns(node)
+        real0 = REFERENCE_T0_NS
+        pairs = [(name, mono0 + int(s * 1e9), real0 + int(s * 1e9)) for s in range(0, int(spec.seconds) + 1, 60)]
+        conn.executemany("INSERT INTO clock_pairs(node, mono_ns, real_ns) VALUES (?, ?, ?)", pairs)
+        for local in range(spec.ranks_per_node):
+            rank = node * spec.ranks_per_node + local
+            conn.execute("INSERT OR REPLACE INTO processes(node, pid, ppid, comm, rank, local_rank, world_size, "
+                         "first_seen, last_seen, exited) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                         (name, TRAINER_PID + rank, 1, "python", rank, local, spec.nodes * spec.ranks_per_node,
+                          mono0, mono0 + int(spec.seconds * 1e9), None))
+
+
+def write_cluster(path, spec):
+    """One cluster database (every node, clocks already aligned: each node's pairs map its monotonic
+    clock to the same timeline) at `path`; returns its facts (nodes, the faults' true windows)."""
+    if os.path.exists(path):
+        os.unlink(path)
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("PRAGMA journal_mode=OFF")
+        conn.execute("PRAGMA synchronous=OFF")
+        schema.create(conn)
+        conn.execute("DROP INDEX IF EXISTS thread_time_ts")
+        placeholders = ", ".join("?" * len(COLUMNS))
+        insert = f"INSERT INTO thread_time({', '.join(COLUMNS)}) VALUES ({placeholders})"
+        batch = []
+        with conn:
+            for _node, rows in generate(spec):
+                batch.extend(rows)
+                if len(batch) >= 50_000:
+                    conn.executemany(insert, batch)
+                    batch.clear()
+            if batch:
+                conn.executemany(insert, batch)
+            _side_tables(conn, spec, range(spec.nodes))
+            conn.execute("INSERT OR REPLACE INTO meta VALUES ('synthetic', 'series')")
+        schema.create(conn)       # the index again, after the bulk load
+    finally:
+        conn.close()
+    return facts(spec)
+
+
+def facts(spec):
+    return dict(nodes=[spec.node_name(i) for i in range(spec.nodes)],
+                faults=[dict(node=spec.node_name(f.node), ranks=f.ranks, kind=f.kind,
+                             start_ns=REFERENCE_T0_NS + int(f.start_s * 1e9), end_ns=REFERENCE_T0_NS + int(f.end_s * 1e9),
+                             intermittent=f.on_s is not None) for f in spec.faults],
+                t0_ns=REFERENCE_T0_NS)
