@@ -18,11 +18,12 @@ def add_arguments(parser):
     parser.add_argument("--json", action="store_true", help="the report as JSON")
     parser.add_argument("--markdown", metavar="FILE", help="also write the report as Markdown to FILE")
     parser.add_argument("--junit", metavar="FILE", help="also write the report as JUnit XML to FILE (for CI)")
-    parser.add_argument("--baseline-fraction", type=float, default=ExplainOptions.baseline_fraction,
-                        help="the first part of each rank's window is its own baseline "
-                             f"(default {ExplainOptions.baseline_fraction:g})")
+    parser.add_argument("--baseline-fraction", type=float, metavar="F",
+                        help="judge one fixed window instead of finding the episodes in time: the first F of each "
+                             "rank's span is its own baseline, the rest is judged")
     parser.add_argument("--last", type=float, metavar="S",
-                        help="the recent window is each rank's last S seconds (the rest before it is the baseline)")
+                        help="judge one fixed window instead of finding the episodes in time: each rank's last S "
+                             "seconds (the rest before it is the baseline)")
     parser.add_argument("--min-gap", type=float, default=ExplainOptions.min_gap,
                         help="the straggler waits at least this share of its time less than the other ranks' median "
                              f"(default {ExplainOptions.min_gap:g})")
@@ -38,6 +39,8 @@ def run(args):
         opts["timeout_s"] = args.timeout
     if args.last is not None and args.last <= 0:
         raise UsageError("--last must be > 0 seconds")
+    if args.baseline_fraction is not None and not 0 < args.baseline_fraction < 1:
+        raise UsageError("--baseline-fraction must be between 0 and 1")
     if args.db:
         if not os.path.exists(args.db):
             raise StragglerError(f"{args.db}: no such database; pass -d a store or a merged cluster.db")

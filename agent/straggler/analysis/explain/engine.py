@@ -6,18 +6,22 @@ from dataclasses import asdict, dataclass, field
 
 from ...errors import UsageError
 from ...store.steptime import rank_time
-from . import findings, model, sql
+from . import episodes, findings, model, sql, timeline
 from .findings import CAUSE_CLASSES
 from .report import SEVERITY_ORDER, Report
 from .runners import ConnRunner, DbRunner, FleetRunner
 from .windows import calling_tids, cut_windows, group_threads
+
+DEFAULT_BASELINE_FRACTION = 0.25      # the fixed cut's baseline when explain finds no episode
+MAX_EPISODES_JUDGED = 8               # episodes analysed in full (each a few queries); the rest by their series
 
 N_SLICES = 8
 
 
 @dataclass
 class ExplainOptions:
-    baseline_fraction: float = 0.25  # the first part of each rank's window is its own baseline
+    baseline_fraction: float = None  # a fixed cut: the first part of each rank's window is its own baseline
+                                     # (without any fixed cut, explain finds the episodes in time)
     since_ns: int = None             # only intervals from here (node CLOCK_MONOTONIC ns) ...
     until_ns: int = None             # ... up to here
     recent_from_ns: int = None       # the recent part starts here (instead of baseline_fraction)
@@ -36,6 +40,16 @@ class ExplainOptions:
         if unknown:
             raise UsageError(f"unknown explain option(s): {', '.join(sorted(unknown))}")
         return cls(**{k: v for k, v in opts.items() if v is not None})
+
+    @property
+    def fixed_window(self):
+        """Whether the user cut the window (--last, a recent part from a time, a baseline fraction):
+        then that one window is judged, as given; otherwise explain finds every episode in time."""
+        return any(v is not None for v in (self.baseline_fraction, self.recent_from_ns, self.baseline_until_ns,
+                                           self.recent_s))
+
+    def episode_options(self):
+        return episodes.EpisodeOptions(min_gap=self.min_gap)
 
     def model_options(self):
         return model.ModelOptions(min_gap=self.min_gap, max_wait_ratio=self.max_wait_ratio,
@@ -95,18 +109,102 @@ def explain_fleet(nodes, tls, **opts):
 
 
 def explain(runner, opts, source):
-    """The analysis over one runner: the windows, each rank's time, the verdict, the findings -> Report."""
+    """The analysis over one runner -> Report: the straggle episodes of the trace (or the one window the
+    user cut), each judged by the model, with its findings."""
     started = time.monotonic()
     report = Report(source=source, options={k: v for k, v in asdict(opts).items() if v is not None})
+    ranks_info = {r["node"]: r for r in runner.rows(sql.RANKS)}
+    world = max([r["world_size"] or 0 for r in ranks_info.values()] or [0])
+    if opts.fixed_window:
+        spans_sql = sql.spans(opts.since_ns, opts.until_ns)
+        span_rows = [r for r in runner.rows(spans_sql) if (r["calls"] or 0) >= opts.min_calls]
+        report.missing = _missing(runner, span_rows, world)
+        fraction = opts.baseline_fraction if opts.baseline_fraction is not None else DEFAULT_BASELINE_FRACTION
+        analysis = analyse(runner, opts, cut_windows(span_rows, opts, fraction), span_rows)
+        emit(report, analysis)
+        report.nodes = rank_rows(analysis)
+    else:
+        spans_sql = sql.callers(opts.since_ns, opts.until_ns)
+        callers = runner.rows(spans_sql)
+        span_rows = _spans_of_callers(callers, opts.min_calls)
+        report.missing = _missing(runner, span_rows, world)
+        analysis = _episodes(runner, opts, report, callers, span_rows)
+    findings.communicator_finding(report, analysis)
+    findings.missing_finding(report, analysis, world, spans_sql)
+    findings.error_findings(report, runner, opts)
+    findings.lost_findings(report, runner.rows(sql.LOST))
+    # the straggler findings first, in their rank order (a stable sort keeps it), then by severity and share
+    report.findings.sort(key=lambda f: (f.cause != "straggler", SEVERITY_ORDER.get(f.severity, 9), -f.share))
+    report.elapsed_s = round(time.monotonic() - started, 3)
+    return report
+
+
+def _spans_of_callers(callers, min_calls):
+    """sql.spans-like rows (node, pid, rank, first_ts, last_ts, interval_ns, calls) per rank from sql.callers."""
+    out = {}
+    for r in callers:
+        key = (r["node"], int(r["pid"]))
+        acc = out.setdefault(key, dict(node=r["node"], pid=int(r["pid"]), rank=r["rank"], first_ts=r["first_ts"],
+                                       last_ts=r["last_ts"], interval_ns=r["interval_ns"], calls=0))
+        acc["first_ts"], acc["last_ts"] = min(acc["first_ts"], r["first_ts"]), max(acc["last_ts"], r["last_ts"])
+        acc["interval_ns"] = max(acc["interval_ns"] or 0, r["interval_ns"] or 0)
+        acc["calls"] += r["calls"] or 0
+        if acc["rank"] is None:
+            acc["rank"] = r["rank"]
+    return [v for _, v in sorted(out.items()) if v["calls"] >= min_calls]
+
+
+def _episodes(runner, opts, report, callers, span_rows):
+    """Find the episodes, judge the costliest in full; the report leads with the one that cost the job
+    most. Without any, the whole trace is judged with the fixed cut (a device-wide change, waiters)."""
+    series = timeline.build_series(runner, callers, opts)
+    found = timeline.find_episodes(series, opts.episode_options()) if series else []
+    judged = []
+    for e in found:
+        windows = timeline.episode_windows(series, e, found)
+        if not windows:
+            continue
+        analysis = analyse(runner, opts, windows, span_rows)
+        named = [s["rank"].key for s in analysis.verdict.stragglers]
+        if not any(k[0] == e.node for k in named):
+            continue                   # the model over the episode's own time does not confirm it
+        judged.append(timeline.judge(series, e, found, analysis))
+        if len(judged) >= MAX_EPISODES_JUDGED:
+            break
+    if not judged:
+        # no episode in time (none, or a trace too short to segment): the fixed cut over the whole trace,
+        # whose recent part, when it names a straggler, is reported as that straggler's episode
+        analysis = analyse(runner, opts, cut_windows(span_rows, opts, DEFAULT_BASELINE_FRACTION), span_rows)
+        if not analysis.verdict.stragglers or series is None:
+            emit(report, analysis)
+            report.nodes = rank_rows(analysis)
+            return analysis
+        judged.append(timeline.judge_window(series, analysis))
+    judged.sort(key=lambda j: -j.lost_s)
+    for j in judged:
+        sub = Report(source=report.source)
+        emit(sub, j.analysis)
+        j.findings = sub.findings
+        report.episodes.append(timeline.episode_dict(series, j))
+    top = judged[0]
+    report.findings.extend(top.findings)
+    report.nodes = rank_rows(top.analysis)
+    report.stragglers = []
+    for j in judged:
+        for node in j.nodes:
+            if node not in report.stragglers:
+                report.stragglers.append(node)
+    report.straggler = report.stragglers[0]
+    report.timeline = timeline.timeline_dict(series)
+    return top.analysis
+
+
+def analyse(runner, opts, windows, span_rows):
+    """One window per rank -> the model's inputs (each rank's time over its baseline and recent part, the
+    slices of the recent part) and its verdict, as a Context for the findings."""
     mopts = opts.model_options()
-    span_sql = sql.spans(opts.since_ns, opts.until_ns)
-    span_rows = [r for r in runner.rows(span_sql) if (r["calls"] or 0) >= opts.min_calls]
-    windows = cut_windows(span_rows, opts)
     rank_of = {(r["node"], int(r["pid"])): r["rank"] for r in span_rows}
     interval_of = {(r["node"], int(r["pid"])): int(r["interval_ns"] or 1) for r in span_rows}
-    ranks_info = {r["node"]: r for r in runner.rows(sql.RANKS)}
-    lost = runner.rows(sql.LOST)
-
     threads_sql = sql.threads(windows)
     grouped = group_threads(runner.rows(threads_sql)) if windows else {}
     calling = calling_tids(grouped)
@@ -126,8 +224,8 @@ def explain(runner, opts, source):
     # slices of the recent part (the consistency test)
     slice_rows, slices_sql, slice_ns = [], None, None
     if recent:
-        longest = max(win_of[k].recent_ns for k in recent)
-        step = max(interval_of.values())
+        longest = max(win_of[k].t1 - win_of[k].tb for k in recent)
+        step = max(interval_of.get(k, 1) for k in recent)
         slice_ns = max(step, (longest // N_SLICES) // step * step)
         slices_sql = sql.slices([w for w in windows if w.key in recent], slice_ns)
         slice_rows = runner.rows(slices_sql)
@@ -143,7 +241,7 @@ def explain(runner, opts, source):
             main = next((x for x in rows if x["tid"] == calling[key]), None)
             if main is None:
                 continue
-            wall = int(main["intervals"]) * interval_of[key]
+            wall = int(main["intervals"]) * interval_of.get(key, 1)
             rt = rank_time(key, rows, wall, rank_of.get(key), calling[key])
             if rt is not None:
                 ranks_here.append(rt)
@@ -153,18 +251,48 @@ def explain(runner, opts, source):
 
     ranks = sorted(recent.values(), key=lambda r: (r.key[0], r.rank if r.rank is not None else -1, r.key[1]))
     verdict = model.find_stragglers(ranks, slices, mopts)
-    named = [s["rank"].key for s in verdict.stragglers]
-    report.stragglers = []
-    for k in named:
-        if k[0] not in report.stragglers:
-            report.stragglers.append(k[0])
-    report.straggler = report.stragglers[0] if report.stragglers else None
+    return Context(runner=runner, opts=opts, mopts=mopts, span_rows=span_rows, windows=windows, win_of=win_of,
+                   threads_sql=threads_sql, slices_sql=slices_sql, verdict=verdict, slices=slices,
+                   slice_index=slice_index, slice_ns=slice_ns, recent=recent, baseline=baseline, ranks=ranks)
 
-    # ---- missing nodes
-    nodes = sorted({r.key[0] for r in ranks})
+
+def emit(report, ctx):
+    """The findings of one analysis: the straggler(s) with their causes and the waiters, or why no rank
+    is one; report.straggler(s) from its verdict."""
+    verdict = ctx.verdict
+    report.stragglers = []
+    for s in verdict.stragglers:
+        if s["rank"].key[0] not in report.stragglers:
+            report.stragglers.append(s["rank"].key[0])
+    report.straggler = report.stragglers[0] if report.stragglers else None
+    if verdict.stragglers:
+        for i, s in enumerate(verdict.stragglers):
+            findings.straggler_findings(report, ctx, s, first=(i == 0))
+        findings.waiter_finding(report, ctx)
+    else:
+        findings.no_straggler_findings(report, ctx)
+
+
+def rank_rows(ctx):
+    """The per-rank rows of the report (the recent part of one analysis)."""
+    named = {s["rank"].key for s in ctx.verdict.stragglers}
+    out = []
+    for r in ctx.ranks:
+        out.append(dict(
+            node=r.key[0], pid=r.key[1], rank=r.rank, thread=f"{r.comm} ({r.tid})",
+            wait_pct=round(100 * r.wait_share(ctx.verdict.wait_def), 1), host_pct=round(100 * r.share("host"), 1),
+            runq_pct=round(100 * r.share("runq"), 1), sync_pct=round(100 * r.share("sync"), 1),
+            io_pct=round(100 * r.share("io"), 1), coll_pct=round(100 * r.share("coll"), 1),
+            blocked_pct=round(100 * r.share("blocked"), 1), work_pct=round(100 * r.share("work"), 1),
+            role="straggler" if r.key in named else ""))
+    return out
+
+
+def _missing(runner, span_rows, world):
+    """Nodes that did not answer or hold no rank's calls, and ranks of the job no node holds."""
+    nodes = sorted({r["node"] for r in span_rows})
     missing = dict(runner.missing)
-    world = max([r["world_size"] or 0 for r in ranks_info.values()] or [0])
-    present = {r.rank for r in ranks if r.rank is not None}
+    present = {r["rank"] for r in span_rows if r["rank"] is not None}
     for name in runner.answered:
         if name not in nodes and name not in missing:
             missing[name] = dict(node=name, status="no-data", message="answered, but traced no rank's calls")
@@ -173,33 +301,4 @@ def explain(runner, opts, source):
         for rk in absent:
             missing[f"rank {rk}"] = dict(node=f"rank {rk}", status="no-data", rank=rk,
                                          message=f"world_size is {world} but no node with rank {rk} has data")
-    report.missing = list(missing.values())
-
-    # ---- per rank rows
-    for r in ranks:
-        report.nodes.append(dict(
-            node=r.key[0], pid=r.key[1], rank=r.rank, thread=f"{r.comm} ({r.tid})",
-            wait_pct=round(100 * r.wait_share(verdict.wait_def), 1), host_pct=round(100 * r.share("host"), 1),
-            runq_pct=round(100 * r.share("runq"), 1), sync_pct=round(100 * r.share("sync"), 1),
-            io_pct=round(100 * r.share("io"), 1), coll_pct=round(100 * r.share("coll"), 1),
-            blocked_pct=round(100 * r.share("blocked"), 1), work_pct=round(100 * r.share("work"), 1),
-            role="straggler" if r.key in named else ""))
-
-    ctx = Context(runner=runner, opts=opts, mopts=mopts, span_rows=span_rows, windows=windows, win_of=win_of,
-                  threads_sql=threads_sql, slices_sql=slices_sql, verdict=verdict, slices=slices,
-                  slice_index=slice_index, slice_ns=slice_ns, recent=recent, baseline=baseline, ranks=ranks)
-    if verdict.stragglers:
-        for i, s in enumerate(verdict.stragglers):
-            findings.straggler_findings(report, ctx, s, first=(i == 0))
-        findings.waiter_finding(report, ctx)
-    else:
-        findings.no_straggler_findings(report, ctx)
-    findings.communicator_finding(report, ctx)
-
-    findings.missing_finding(report, ctx, world, span_sql)
-    findings.error_findings(report, runner, opts)
-    findings.lost_findings(report, lost)
-    # the straggler findings first, in their rank order (a stable sort keeps it), then by severity and share
-    report.findings.sort(key=lambda f: (f.cause != "straggler", SEVERITY_ORDER.get(f.severity, 9), -f.share))
-    report.elapsed_s = round(time.monotonic() - started, 3)
-    return report
+    return list(missing.values())

@@ -37,68 +37,119 @@ GROUP BY node, pid
 ORDER BY node, pid"""
 
 
+def callers(since_ns=None, until_ns=None):
+    """Each thread that made traced calls, per rank (node, pid): its calls and time in them (the calling
+    thread is the one with the most), the span of its summaries and their interval."""
+    return f"""
+SELECT node, pid, tid, MIN(rank) AS rank, SUM(calls) AS calls, SUM(work_ns + sync_ns + coll_ns) AS call_ns,
+       MIN(ts) AS first_ts, MAX(ts + interval_ns) AS last_ts, MAX(interval_ns) AS interval_ns
+FROM thread_time
+WHERE calls > 0{_bounds(since_ns, until_ns)}
+GROUP BY node, pid, tid
+ORDER BY node, pid, tid"""
+
+
+NODE_CLOCKS = """
+SELECT p.node, CAST(AVG(p.real_ns - p.mono_ns) AS INTEGER) AS real_minus_mono, COUNT(*) AS pairs,
+       (SELECT o.offset_ns FROM clock_offsets o WHERE o.node = p.node AND o.method = 'merge'
+        ORDER BY o.measured_at DESC LIMIT 1) AS merge_offset_ns
+FROM clock_pairs p
+GROUP BY p.node
+ORDER BY p.node"""
+
+
+def series(keys, offsets, t0_ns, bin_ns, since_ns=None, until_ns=None):
+    """Every thread of each rank's process, summed per time bin of bin_ns on the fleet timeline (a node's
+    ts plus its clock offset, from t0_ns): a summary belongs to the bin that holds its midpoint."""
+    rows = [(node, pid, offsets.get(node, 0)) for node, pid in sorted(keys)]
+    return f"""
+WITH {values_cte("rk", ("node", "pid", "off"), rows)}
+SELECT tt.node, tt.pid, tt.tid, (tt.ts + tt.interval_ns / 2 + rk.off - {int(t0_ns)}) / {int(bin_ns)} AS bin,
+       MIN(tt.comm) AS comm,
+       {THREAD_SUMS}, SUM(tt.interval_ns) AS wall_ns
+FROM thread_time tt
+JOIN rk ON rk.node = tt.node AND rk.pid = tt.pid
+WHERE tt.ts + tt.interval_ns / 2 + rk.off >= {int(t0_ns)}{_bounds(since_ns, until_ns, "tt.ts")}
+GROUP BY tt.node, tt.pid, tt.tid, bin
+ORDER BY tt.node, tt.pid, bin"""
+
+
 def win_cte(windows):
-    """win(node, pid, t0, te, tb, t1): each rank's window: its own baseline [t0, te), the recent part
-    [tb, t1) (te <= tb: what lies between, a fault settling in, belongs to neither)."""
-    return values_cte("win", ("node", "pid", "t0", "te", "tb", "t1"), sorted(windows))
+    """win(node, pid, part, lo, hi, tb): each rank's window as segments [lo, hi) of its node's clock, part
+    'baseline' (its own clean time) or 'recent' (the time judged), and tb, where its recent part begins
+    (slices count from there). Segments of one rank do not overlap."""
+    rows = [(w.node, w.pid, part, lo, hi, w.tb) for w in sorted(windows)
+            for part, segments in (("baseline", w.baseline), ("recent", w.recent)) for lo, hi in segments]
+    return values_cte("win", ("node", "pid", "part", "lo", "hi", "tb"), rows)
 
 
-PART = "CASE WHEN {a}.ts < w.te THEN 'baseline' ELSE 'recent' END"
-IN_PARTS = "{a}.ts >= w.t0 AND {a}.ts < w.t1 AND ({a}.ts < w.te OR {a}.ts >= w.tb)"
+def _hull_filter(windows, alias, parts=("baseline", "recent")):
+    """A coarse time filter the ts index can use: per node, the hull of its windows' segments (the
+    join on win assigns each row to its part exactly)."""
+    hull = {}
+    for w in windows:
+        for part in parts:
+            for lo, hi in getattr(w, part):
+                a, b = hull.get(w.node, (lo, hi))
+                hull[w.node] = (min(a, lo), max(b, hi))
+    terms = [f"({alias}.ts >= {int(lo)} AND {alias}.ts < {int(hi)})" for _, (lo, hi) in sorted(hull.items())]
+    return "(" + " OR ".join(terms) + ")" if terms else "0"
 
 
 def threads(windows):
     """Every thread of each rank's process: thread_time summed over its baseline and recent part."""
     return f"""
 WITH {win_cte(windows)}
-SELECT tt.node, tt.pid, tt.tid, MIN(tt.comm) AS comm,
-       {PART.format(a="tt")} AS part,
+SELECT tt.node, tt.pid, tt.tid, MIN(tt.comm) AS comm, w.part AS part,
        {THREAD_SUMS}
-FROM thread_time tt
-JOIN win w ON w.node = tt.node AND w.pid = tt.pid
-WHERE {IN_PARTS.format(a="tt")}
-GROUP BY tt.node, tt.pid, tt.tid, part
-ORDER BY tt.node, tt.pid, tt.tid, part"""
+FROM win w
+JOIN thread_time tt ON tt.node = w.node AND tt.pid = w.pid AND tt.ts >= w.lo AND tt.ts < w.hi
+WHERE {_hull_filter(windows, "tt")}
+GROUP BY tt.node, tt.pid, tt.tid, w.part
+ORDER BY tt.node, tt.pid, tt.tid, w.part"""
 
 
 def slices(windows, slice_ns):
-    """The recent part cut into slices of slice_ns: thread_time summed per thread and slice."""
+    """The recent part cut into slices of slice_ns from where it begins: thread_time summed per thread
+    and slice."""
     return f"""
 WITH {win_cte(windows)}
 SELECT tt.node, tt.pid, tt.tid, (tt.ts - w.tb) / {int(slice_ns)} AS slice,
        {THREAD_SUMS}
-FROM thread_time tt
-JOIN win w ON w.node = tt.node AND w.pid = tt.pid
-WHERE tt.ts >= w.tb AND tt.ts < w.t1
+FROM win w
+JOIN thread_time tt ON tt.node = w.node AND tt.pid = w.pid AND tt.ts >= w.lo AND tt.ts < w.hi
+WHERE w.part = 'recent' AND {_hull_filter(windows, "tt", ("recent",))}
 GROUP BY tt.node, tt.pid, tt.tid, slice
 ORDER BY tt.node, tt.pid, slice"""
 
 
 def thieves(windows, node, pid):
     """Who held the CPU of one rank's threads while they waited in the run queue, by part."""
+    mine = [w for w in windows if w.node == node and w.pid == int(pid)]
     return f"""
-WITH {win_cte(windows)}
-SELECT tt.node, tt.pid, {PART.format(a="tt")} AS part,
+WITH {win_cte(mine)}
+SELECT tt.node, tt.pid, w.part AS part,
        json_extract(j.value, '$[0]') AS kind, json_extract(j.value, '$[1]') AS thief_pid,
        json_extract(j.value, '$[2]') AS thief_comm, SUM(json_extract(j.value, '$[3]')) AS runq_ns,
        COUNT(DISTINCT tt.tid) AS threads
-FROM thread_time tt
-JOIN win w ON w.node = tt.node AND w.pid = tt.pid, json_each(tt.thieves) j
-WHERE tt.node = {q(node)} AND tt.pid = {int(pid)} AND tt.thieves IS NOT NULL AND {IN_PARTS.format(a="tt")}
+FROM win w
+JOIN thread_time tt ON tt.node = w.node AND tt.pid = w.pid AND tt.ts >= w.lo AND tt.ts < w.hi, json_each(tt.thieves) j
+WHERE tt.node = {q(node)} AND tt.pid = {int(pid)} AND tt.thieves IS NOT NULL AND {_hull_filter(mine, "tt")}
 GROUP BY tt.node, tt.pid, part, kind, thief_pid, thief_comm
 ORDER BY part, runq_ns DESC"""
 
 
 def block_io(windows, node, pid):
     """Block I/O on one rank's node in its window, by submitting process and part."""
+    mine = [w for w in windows if w.node == node and w.pid == int(pid)]
     return f"""
-WITH {win_cte(windows)}
-SELECT e.node, e.pid, e.comm, {PART.format(a="e")} AS part,
+WITH {win_cte(mine)}
+SELECT e.node, e.pid, e.comm, w.part AS part,
        COUNT(*) AS requests, SUM(e.bytes) AS bytes, ROUND(AVG(e.duration), 1) AS mean_latency_ns,
        e.pid = w.pid AS own
-FROM events e
-JOIN win w ON w.node = e.node AND w.pid = {int(pid)}
-WHERE e.node = {q(node)} AND e.source = 'block' AND {IN_PARTS.format(a="e")}
+FROM win w
+JOIN events e ON e.node = w.node AND e.ts >= w.lo AND e.ts < w.hi
+WHERE e.node = {q(node)} AND e.source = 'block' AND {_hull_filter(mine, "e")}
 GROUP BY e.node, e.pid, e.comm, part
 ORDER BY part, bytes DESC"""
 
@@ -186,8 +237,9 @@ def comm_collectives(windows, ops):
 WITH {win_cte(windows)}
 SELECT e.node, e.pid, json_extract(e.detail, '$.comm') AS communicator, e.op, COUNT(*) AS calls,
        SUM(e.duration) AS dur_ns
-FROM events e
-JOIN win w ON w.node = e.node AND w.pid = e.pid
-WHERE e.source = 'nccl' AND e.op IN ({', '.join(q(o) for o in ops)}) AND e.ts >= w.tb AND e.ts < w.t1
+FROM win w
+JOIN events e ON e.node = w.node AND e.pid = w.pid AND e.ts >= w.lo AND e.ts < w.hi
+WHERE w.part = 'recent' AND e.source = 'nccl' AND e.op IN ({', '.join(q(o) for o in ops)})
+  AND {_hull_filter(windows, "e", ("recent",))}
 GROUP BY e.node, e.pid, communicator, e.op
 ORDER BY e.node, e.pid, communicator, e.op"""

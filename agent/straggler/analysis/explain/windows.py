@@ -1,19 +1,24 @@
 """Each rank's window of time: the span of its summaries, cut into its own baseline and the recent
 part explain judges; and the inputs the model takes from the threads' sums (the calling thread)."""
-from typing import NamedTuple
+from dataclasses import dataclass
 
 from ...store.steptime import calling_thread
 
 
-class Window(NamedTuple):
-    """One rank's window on its node's CLOCK_MONOTONIC (ns): its own baseline [t0, te) and the recent
-    part [tb, t1) (te <= tb: what lies between, a fault settling in, belongs to neither)."""
+@dataclass(frozen=True, order=True)
+class Window:
+    """One rank's window on its node's CLOCK_MONOTONIC (ns): its own baseline and the recent part
+    judged, each a tuple of disjoint segments ((lo, hi), ...) in time order. A fixed cut has one
+    segment each ([t0, te) and [tb, t1); what lies between, a fault settling in, belongs to neither);
+    an episode's recent part may be several (the on-phases of a fault that comes and goes)."""
     node: str
     pid: int
-    t0: int
-    te: int
-    tb: int
-    t1: int
+    baseline: tuple = ()
+    recent: tuple = ()
+
+    @classmethod
+    def cut(cls, node, pid, t0, te, tb, t1):
+        return cls(node, int(pid), ((int(t0), int(te)),) if te > t0 else (), ((int(tb), int(t1)),))
 
     @property
     def key(self):
@@ -21,16 +26,27 @@ class Window(NamedTuple):
 
     @property
     def baseline_ns(self):
-        return self.te - self.t0
+        return sum(hi - lo for lo, hi in self.baseline)
 
     @property
     def recent_ns(self):
-        return self.t1 - self.tb
+        return sum(hi - lo for lo, hi in self.recent)
+
+    @property
+    def tb(self):
+        """Where the recent part begins."""
+        return self.recent[0][0] if self.recent else None
+
+    @property
+    def t1(self):
+        """Where the recent part ends."""
+        return self.recent[-1][1] if self.recent else None
 
 
-def cut_windows(span_rows, opts):
-    """A Window per rank: its span of intervals with calls, less the partial first
-    and last interval, split into its own baseline [t0, te) and the recent part [tb, t1)."""
+def cut_windows(span_rows, opts, baseline_fraction):
+    """The fixed cut, a Window per rank: its span of intervals with calls, less the partial first and last
+    interval, split into its own baseline [t0, te) and the recent part [tb, t1): from opts.recent_from_ns,
+    or its last opts.recent_s, or after the first baseline_fraction of its span."""
     out = []
     for r in span_rows:
         step = int(r["interval_ns"] or 1)
@@ -48,9 +64,9 @@ def cut_windows(span_rows, opts):
         elif opts.recent_s is not None:
             tb = max(t0, t1 - int(opts.recent_s * 1e9) // step * step)
         else:
-            tb = t0 + int((t1 - t0) * opts.baseline_fraction) // step * step
+            tb = t0 + int((t1 - t0) * baseline_fraction) // step * step
         te = tb if opts.baseline_until_ns is None else max(min(int(opts.baseline_until_ns), tb) // step * step, t0)
-        out.append(Window(r["node"], int(r["pid"]), t0, te, tb, t1))
+        out.append(Window.cut(r["node"], int(r["pid"]), t0, te, tb, t1))
     return out
 
 

@@ -1,0 +1,162 @@
+"""Straggle episodes in time: where, on a common timeline, one rank waits materially less for its
+peers than the others (the straggler waits least: everyone else waits for it), and where that stops.
+Pure functions over per-bin series (no SQL, no I/O), so each rule is tested on small synthetic series.
+
+The series: for every rank and every time bin (the agent's summary interval, or coarser on a long
+trace), its wait share under the job's wait definition, and the others' median at the same bin.
+The evidence of straggling in a bin is `gap = others' median wait - its wait` above half of
+min_gap. A two-state segmentation (healthy / straggling) over that evidence, with a cost for each
+switch (Viterbi: the least total cost path), finds the episodes: a single noisy bin never makes one,
+and a short dip inside an episode does not end it — a fault that comes and goes (on/off periods of a
+few bins) stays one episode, described as intermittent by its on and off runs (period, duty).
+"""
+from dataclasses import dataclass, field
+import statistics
+
+# evidence per bin is clipped to this (one extreme bin cannot outweigh a switch on its own)
+MAX_EVIDENCE = 0.5
+
+
+@dataclass
+class EpisodeOptions:
+    min_gap: float = 0.15          # the straggler waits at least this share of wall time less (episode mean)
+    switch_cost: float = 0.3       # evidence (share x bins) it takes to enter and to leave the straggling state
+    min_bins: int = 3              # an episode spans at least this many bins with data ...
+    min_mean_gap: float = None     # ... and its mean gap reaches this (default: min_gap)
+    intermittent_min_cycles: int = 2   # off-runs inside an episode before it is called intermittent
+    intermittent_max_duty: float = 0.85
+
+
+@dataclass
+class Run:
+    """A straggling stretch of one rank: bins [start, end) of the series (end exclusive)."""
+    start: int
+    end: int
+    bins: int = 0                  # bins with data in it
+    mean_gap: float = 0.0
+    on_runs: list = field(default_factory=list)    # [(start, end)] bins with gap >= half min_gap
+    off_runs: list = field(default_factory=list)   # [(start, end)] the others inside it
+
+    @property
+    def duty(self):
+        on = sum(e - s for s, e in self.on_runs)
+        off = sum(e - s for s, e in self.off_runs)
+        return on / (on + off) if on + off else 1.0
+
+    @property
+    def cycles(self):
+        return len(self.off_runs)
+
+    def period_bins(self):
+        """The median on+off cycle length, in bins (None when it does not come and go)."""
+        if not self.off_runs:
+            return None
+        starts = [s for s, _ in self.on_runs]
+        cycles = [b - a for a, b in zip(starts, starts[1:])]
+        return statistics.median(cycles) if cycles else None
+
+
+def two_state_path(evidence, switch_cost):
+    """The least-cost sequence of states (0 healthy, 1 straggling) for per-bin evidence (positive:
+    straggling; None: no data, free either way). Being in state 1 at a bin costs max(0, -e), in state
+    0 max(0, e); each change of state costs switch_cost. The path starts and ends healthy."""
+    n = len(evidence)
+    cost = [0.0, switch_cost]            # best cost so far ending in state 0 / 1 (entering 1 costs a switch)
+    back = []                            # per bin: for each state, the state at the previous bin
+    for e in evidence:
+        e = 0.0 if e is None else max(-MAX_EVIDENCE, min(MAX_EVIDENCE, e))
+        stay0, from1 = cost[0], cost[1] + switch_cost
+        stay1, from0 = cost[1], cost[0] + switch_cost
+        prev0 = 0 if stay0 <= from1 else 1
+        prev1 = 1 if stay1 <= from0 else 0
+        cost = [min(stay0, from1) + max(0.0, e), min(stay1, from0) + max(0.0, -e)]
+        back.append((prev0, prev1))
+    # end healthy: leaving state 1 at the end costs a switch too
+    state = 0 if cost[0] <= cost[1] + switch_cost else 1
+    path = [0] * n
+    for i in range(n - 1, -1, -1):
+        path[i] = state
+        state = back[i][state]
+    return path
+
+
+def _runs(flags, lo, hi):
+    """[(start, end)] maximal runs of True in flags[lo:hi] (absolute indexes)."""
+    out, start = [], None
+    for i in range(lo, hi):
+        if flags[i] and start is None:
+            start = i
+        elif not flags[i] and start is not None:
+            out.append((start, i))
+            start = None
+    if start is not None:
+        out.append((start, hi))
+    return out
+
+
+def straggling_runs(gaps, opts=None):
+    """The episodes of one rank: `gaps` per bin (the others' median wait minus its own; None where it
+    or the others have no data) -> [Run], each with its mean gap and its on/off structure."""
+    opts = opts or EpisodeOptions()
+    threshold = opts.min_gap / 2
+    min_mean = opts.min_gap if opts.min_mean_gap is None else opts.min_mean_gap
+    evidence = [None if g is None else g - threshold for g in gaps]
+    path = two_state_path(evidence, opts.switch_cost)
+    out = []
+    for start, end in _runs(path, 0, len(path)):
+        # trim bins without data at both ends
+        while start < end and gaps[start] is None:
+            start += 1
+        while end > start and gaps[end - 1] is None:
+            end -= 1
+        values = [g for g in gaps[start:end] if g is not None]
+        if len(values) < opts.min_bins:
+            continue
+        on = [g is not None and g >= threshold for g in gaps]
+        on_runs = _runs(on, start, end)
+        off_runs = [(a, b) for a, b in _runs([not x for x in on], start, end)]
+        run = Run(start=start, end=end, bins=len(values), mean_gap=sum(values) / len(values),
+                  on_runs=on_runs, off_runs=off_runs)
+        # an intermittent fault is judged by its on-phases; a steady one by its whole span
+        on_values = [g for g in values if g >= threshold]
+        judged = statistics.mean(on_values) if is_intermittent(run, opts) and on_values else run.mean_gap
+        if judged < min_mean:
+            continue
+        out.append(run)
+    return out
+
+
+def is_intermittent(run, opts=None):
+    """A fault that comes and goes: at least `intermittent_min_cycles` off-runs inside the episode, and
+    on for at most `intermittent_max_duty` of it."""
+    opts = opts or EpisodeOptions()
+    return run.cycles >= opts.intermittent_min_cycles and run.duty <= opts.intermittent_max_duty
+
+
+def gap_series(waits):
+    """Per rank, per bin: the others' median wait minus its own. `waits`: {rank key: [wait or None per
+    bin]} (all lists of one length) -> {rank key: [gap or None]}; None where the rank has no data or
+    fewer than one other rank has."""
+    keys = list(waits)
+    n = len(next(iter(waits.values()))) if waits else 0
+    out = {k: [None] * n for k in keys}
+    for b in range(n):
+        present = [(k, waits[k][b]) for k in keys if waits[k][b] is not None]
+        if len(present) < 2:
+            continue
+        ordered = sorted(present, key=lambda kw: kw[1])
+        values = [w for _, w in ordered]
+        for i, (k, w) in enumerate(ordered):
+            out[k][b] = _median_without(values, i) - w
+    return out
+
+
+def _median_without(values, i):
+    """The median of sorted `values` without the one at index i (len(values) >= 2)."""
+    m = len(values) - 1
+
+    def at(j):
+        return values[j] if j < i else values[j + 1]
+    if m % 2:
+        return at(m // 2)
+    return (at(m // 2 - 1) + at(m // 2)) / 2

@@ -1,0 +1,376 @@
+"""The trace on one timeline: every rank's step-time model per time bin, its wait for its peers against
+the others' at the same bin, and the straggle episodes that come out of it (episodes.py segments), each
+with the windows (its time, and each rank's clean time around it) that explain then judges.
+
+Times: every node's CLOCK_MONOTONIC maps to the fleet timeline by its clock pairs (realtime minus
+monotonic, averaged) less the offset a merge measured for it; a node without clock pairs keeps its
+own clock, started with the others (its episode times are then approximate, and said so).
+Reads through a runner; decides nothing about causes (the model does, per episode).
+"""
+import statistics
+from dataclasses import dataclass, field
+
+from ...store.steptime import WAIT_DEFS, rank_time
+from . import episodes as ep, sql
+from .windows import Window
+
+MAX_SERIES_ROWS = 400_000      # rows the series query may return: bins grow on a long trace of many ranks
+HELPERS_PER_RANK = 4           # the series rows per rank and bin it budgets for (its calling thread and helpers)
+NEIGHBOURHOOD_S = 600.0        # a rank's clean time judged against an episode lies within this of it
+MERGE_BINS = 2                 # runs of one node's ranks this close are one episode
+
+
+@dataclass
+class NodeClock:
+    node: str
+    offset_ns: int = 0             # fleet time = node monotonic + offset_ns
+    aligned: bool = True           # False: no clock pairs, its own clock
+
+
+@dataclass
+class Series:
+    """Per rank, per bin: its RankTime (None: no data), on bins of bin_ns from t0_ns (fleet time)."""
+    t0_ns: int
+    bin_ns: int
+    n_bins: int
+    clocks: dict                   # node -> NodeClock
+    ranks: dict                    # (node, pid) -> [RankTime or None] per bin
+    rank_of: dict                  # (node, pid) -> rank
+    calling: dict                  # (node, pid) -> calling thread id
+    interval_ns: dict              # (node, pid) -> its summary interval
+    phase_ns: dict = field(default_factory=dict)   # (node, pid) -> where its summaries start, modulo the interval
+    sql: str = ""
+
+    def to_fleet(self, node, mono_ns):
+        return int(mono_ns) + self.clocks[node].offset_ns
+
+    def to_node(self, node, fleet_ns):
+        return int(fleet_ns) - self.clocks[node].offset_ns
+
+    def bin_start(self, b):
+        return self.t0_ns + b * self.bin_ns
+
+    def snap(self, key, fleet_ns):
+        """A fleet time as the nearest boundary of the rank's own summaries on its node's clock (a window
+        then holds whole summaries, as the bins do: each summary is in the bin of its midpoint)."""
+        iv, phase = self.interval_ns[key], self.phase_ns.get(key, 0)
+        mono = self.to_node(key[0], fleet_ns)
+        return phase + round((mono - phase) / iv) * iv
+
+
+@dataclass
+class Episode:
+    """A straggle episode: a node (and the ranks of it that straggle) over bins [start, end)."""
+    node: str
+    keys: list                     # [(node, pid)] its straggling ranks
+    start: int
+    end: int
+    runs: dict = field(default_factory=dict)     # key -> episodes.Run
+    mean_gap: float = 0.0
+    intermittent: bool = False
+    duty: float = 1.0
+    period_bins: float = None
+    cycles: int = 0
+    reaches_end: bool = False      # still going where the trace ends
+
+
+def node_clocks(runner, nodes):
+    """{node: NodeClock} for `nodes`, from clock_pairs and the offsets a merge stored."""
+    rows = {r["node"]: r for r in runner.rows(sql.NODE_CLOCKS)}
+    out = {}
+    for node in nodes:
+        r = rows.get(node)
+        if r is None or r["real_minus_mono"] is None:
+            out[node] = NodeClock(node, 0, aligned=False)
+        else:
+            out[node] = NodeClock(node, int(r["real_minus_mono"]) - int(r["merge_offset_ns"] or 0))
+    if out and not all(c.aligned for c in out.values()):
+        # a node without pairs: started with the others (its first summary at the earliest one's)
+        pass
+    return out
+
+
+def choose_bin(interval_ns, span_ns, n_ranks):
+    """The bin: the summary interval, or a whole multiple of it so that the series stays within
+    MAX_SERIES_ROWS on a long trace of many ranks."""
+    interval_ns = max(1, int(interval_ns))
+    bins = max(1, span_ns // interval_ns)
+    rows = bins * max(1, n_ranks) * HELPERS_PER_RANK
+    factor = max(1, -(-rows // MAX_SERIES_ROWS))
+    return interval_ns * factor
+
+
+def build_series(runner, callers, opts):
+    """The per-bin series of every rank in `callers` (sql.callers rows: node, pid, tid, rank, calls,
+    call_ns, first_ts, last_ts, interval_ns; the calling thread of each rank) -> Series, or None."""
+    calling, rank_of, interval_of, first, last = {}, {}, {}, {}, {}
+    for r in callers:
+        key = (r["node"], int(r["pid"]))
+        best = calling.get(key)
+        if best is None or (r["call_ns"] or 0, r["calls"] or 0) > best[1:]:
+            calling[key] = (int(r["tid"]), r["call_ns"] or 0, r["calls"] or 0)
+        rank_of.setdefault(key, r["rank"])
+        interval_of[key] = max(interval_of.get(key, 0), int(r["interval_ns"] or 1))
+        first[key] = min(first.get(key, r["first_ts"]), r["first_ts"])
+        last[key] = max(last.get(key, r["last_ts"]), r["last_ts"])
+    totals = {}
+    for r in callers:
+        key = (r["node"], int(r["pid"]))
+        totals[key] = totals.get(key, 0) + (r["calls"] or 0)
+    keys = sorted(k for k in calling if totals.get(k, 0) >= opts.min_calls)
+    if len(keys) < 1:
+        return None
+    nodes = sorted({k[0] for k in keys})
+    clocks = node_clocks(runner, nodes)
+    # a node without clock pairs: its first summary placed at the earliest aligned node's
+    aligned_starts = [first[k] + clocks[k[0]].offset_ns for k in keys if clocks[k[0]].aligned]
+    anchor = min(aligned_starts) if aligned_starts else 0
+    for node, c in clocks.items():
+        if not c.aligned:
+            c.offset_ns = anchor - min(first[k] for k in keys if k[0] == node)
+    t0 = min(first[k] + clocks[k[0]].offset_ns for k in keys)
+    t1 = max(last[k] + clocks[k[0]].offset_ns for k in keys)
+    interval = max(interval_of[k] for k in keys)
+    bin_ns = choose_bin(interval, t1 - t0, len(keys))
+    t0 = t0 // interval * interval
+    n_bins = max(1, -(-(t1 - t0) // bin_ns))
+    text = sql.series(keys, {n: c.offset_ns for n, c in clocks.items()}, t0, bin_ns, opts.since_ns, opts.until_ns)
+    per = {}
+    for r in runner.rows(text):
+        key = (r["node"], int(r["pid"]))
+        per.setdefault(key, {}).setdefault(int(r["bin"]), []).append(r)
+    ranks = {}
+    for key in keys:
+        series = [None] * n_bins
+        tid = calling[key][0]
+        for b, threads in per.get(key, {}).items():
+            if not 0 <= b < n_bins:
+                continue
+            main = next((t for t in threads if t["tid"] == tid), None)
+            if main is None or not main["wall_ns"]:
+                continue
+            series[b] = rank_time(key, threads, int(main["wall_ns"]), rank_of.get(key), tid)
+        ranks[key] = series
+    return Series(t0_ns=t0, bin_ns=bin_ns, n_bins=n_bins, clocks=clocks, ranks=ranks, rank_of=rank_of,
+                  calling={k: calling[k][0] for k in keys}, interval_ns=interval_of,
+                  phase_ns={k: first[k] % interval_of[k] for k in keys}, sql=text)
+
+
+FULL_BIN = 0.9                 # a bin counts for a rank when its summaries cover this much of it
+
+
+def covered(series, key, b):
+    """Whether rank `key` has data over (nearly) all of bin b."""
+    rt = series.ranks[key][b]
+    return rt is not None and rt.wall_ns >= FULL_BIN * series.bin_ns
+
+
+def usable(series, key):
+    """The bins of rank `key` that count: covered, less its first and last (a job's start and end, and
+    a summary cut short, are no straggling and no baseline)."""
+    have = [b for b in range(series.n_bins) if covered(series, key, b)]
+    if len(have) >= 5:
+        have = have[1:-1]
+    return set(have)
+
+
+def gaps(series):
+    """Per rank, per bin: how much less than the others' median it waits (the larger of the two wait
+    definitions, blocking and enqueue: the one that separates it), over its usable bins."""
+    usable_of = {key: usable(series, key) for key in series.ranks}
+    out = None
+    for wait_def in WAIT_DEFS:
+        waits = {key: [rt.wait_share(wait_def) if b in usable_of[key] else None for b, rt in enumerate(rts)]
+                 for key, rts in series.ranks.items()}
+        g = ep.gap_series(waits)
+        if out is None:
+            out = g
+        else:
+            out = {k: [a if b is None else b if a is None else max(a, b) for a, b in zip(out[k], g[k])] for k in out}
+    return out or {}
+
+
+def find_episodes(series, eopts):
+    """The straggle episodes of the trace, per node (its ranks' runs that overlap are one episode),
+    in time order."""
+    by_node = {}
+    for key, g in gaps(series).items():
+        for run in ep.straggling_runs(g, eopts):
+            by_node.setdefault(key[0], []).append((key, run))
+    out = []
+    for node, runs in by_node.items():
+        runs.sort(key=lambda kr: kr[1].start)
+        group = []
+        for key, run in runs:
+            if group and run.start > max(r.end for _, r in group) + MERGE_BINS:
+                out.append(_episode(node, group, series))
+                group = []
+            group.append((key, run))
+        if group:
+            out.append(_episode(node, group, series))
+    out.sort(key=lambda e: e.start)
+    return out
+
+
+def _episode(node, group, series):
+    runs = {}
+    for key, run in group:          # one rank twice in a group: keep its longer run
+        if key not in runs or run.bins > runs[key].bins:
+            runs[key] = run
+    lead = max(runs.values(), key=lambda r: r.mean_gap * r.bins)
+    e = Episode(node=node, keys=sorted(runs), start=min(r.start for r in runs.values()),
+                end=max(r.end for r in runs.values()), runs=runs,
+                mean_gap=statistics.mean(r.mean_gap for r in runs.values()))
+    e.intermittent = ep.is_intermittent(lead)
+    e.duty, e.cycles = lead.duty, lead.cycles
+    e.period_bins = lead.period_bins() if e.intermittent else None
+    e.reaches_end = e.end >= series.n_bins - 1
+    return e
+
+
+def _segments(bins, series, key):
+    """Sorted bin indexes -> ((lo, hi), ...) on the rank's node clock, snapped to its summaries,
+    adjacent bins joined."""
+    out = []
+    for b in bins:
+        lo, hi = series.snap(key, series.bin_start(b)), series.snap(key, series.bin_start(b + 1))
+        if hi <= lo:
+            continue
+        if out and out[-1][1] >= lo:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return tuple(out)
+
+
+def episode_windows(series, episode, all_episodes):
+    """Each rank's Window for one episode: the recent part is the episode's bins (the on-bins of its lead
+    rank when the fault comes and goes); the baseline is the rank's clean bins around it (no episode of
+    any node, data of its own), within NEIGHBOURHOOD_S, plus the off-bins of an intermittent one."""
+    lead = max(episode.runs.values(), key=lambda r: r.mean_gap * r.bins)
+    if episode.intermittent:
+        recent_bins = sorted(b for s, e in lead.on_runs for b in range(s, e))
+        off_bins = {b for s, e in lead.off_runs for b in range(s, e)}
+    else:
+        recent_bins = list(range(episode.start, episode.end))
+        off_bins = set()
+    busy = set()
+    for other in all_episodes:
+        busy.update(range(other.start, other.end))
+    reach = max(1, int(NEIGHBOURHOOD_S * 1e9 // series.bin_ns))
+    lo_b, hi_b = max(0, episode.start - reach), min(series.n_bins, episode.end + reach)
+    windows = []
+    for key, rts in series.ranks.items():
+        node, pid = key
+        ok = usable(series, key)
+        mine = [b for b in recent_bins if b in ok]
+        if not mine:
+            continue
+        recent = set(recent_bins)
+        clean = [b for b in range(lo_b, hi_b) if b in ok and (b not in busy or b in off_bins) and b not in recent]
+        windows.append(Window(node, pid, _segments(clean, series, key), _segments(mine, series, key)))
+    return windows
+
+
+def step_rate(series, bins):
+    """The job's step rate over `bins`: the median over ranks of their calling thread's calls per second."""
+    rates = []
+    for rts in series.ranks.values():
+        calls = sum(rts[b].calls for b in bins if rts[b] is not None)
+        wall = sum(rts[b].wall_ns for b in bins if rts[b] is not None)
+        if wall:
+            rates.append(calls / (wall / 1e9))
+    return statistics.median(rates) if rates else None
+
+
+@dataclass
+class Judged:
+    """An episode the model confirmed over its own time: who, how much it cost the job, and its findings."""
+    episode: Episode
+    analysis: object               # the engine's Context over the episode's windows
+    nodes: list                    # the straggler nodes the model named (the episode's first)
+    recent_bins: list
+    slowdown: float = None         # the job's step time during the episode over before/after it
+    slowdown_estimated: bool = False   # no clean time around it: from the waiters' wait instead
+    lost_s: float = 0.0            # the job's time lost to it
+    findings: list = field(default_factory=list)
+
+
+def judge(series, episode, all_episodes, analysis):
+    """The Judged episode: the model's named nodes, and the job's slowdown over the episode against the
+    clean time around it (its step rate), or — with no clean time (slow from the first step) — estimated
+    from how much longer the others wait than the straggler (a step of T_old + gap*T_new)."""
+    named = []
+    for s in analysis.verdict.stragglers:
+        node = s["rank"].key[0]
+        if node not in named:
+            named.append(node)
+    named.sort(key=lambda n: n != episode.node)
+    lead = max(episode.runs.values(), key=lambda r: r.mean_gap * r.bins)
+    recent_bins = (sorted(b for s, e in lead.on_runs for b in range(s, e)) if episode.intermittent
+                   else list(range(episode.start, episode.end)))
+    busy = set()
+    for other in all_episodes:
+        busy.update(range(other.start, other.end))
+    reach = max(1, int(NEIGHBOURHOOD_S * 1e9 // series.bin_ns))
+    clean = [b for b in range(max(0, episode.start - reach), min(series.n_bins, episode.end + reach))
+             if b not in busy]
+    if episode.intermittent:
+        clean += [b for s, e in lead.off_runs for b in range(s, e)]
+    j = Judged(episode=episode, analysis=analysis, nodes=named, recent_bins=recent_bins)
+    during, before = step_rate(series, recent_bins), step_rate(series, clean) if clean else None
+    if during and before:
+        j.slowdown = max(1.0, before / during)
+    else:
+        gap = min(0.9, max(0.0, episode.mean_gap))
+        j.slowdown, j.slowdown_estimated = 1.0 / (1.0 - gap), True
+    j.lost_s = len(recent_bins) * series.bin_ns / 1e9 * (1.0 - 1.0 / j.slowdown)
+    return j
+
+
+def judge_window(series, analysis):
+    """A fixed window's straggler as an episode (its recent part, on the fleet timeline): the fallback
+    when the segmentation finds none on a trace too short for it."""
+    lead = analysis.verdict.stragglers[0]["rank"]
+    w = analysis.win_of[lead.key]
+    start = max(0, (series.to_fleet(lead.key[0], w.tb) - series.t0_ns) // series.bin_ns)
+    end = min(series.n_bins, max(start + 1, -(-(series.to_fleet(lead.key[0], w.t1) - series.t0_ns) // series.bin_ns)))
+    keys = [s["rank"].key for s in analysis.verdict.stragglers if s["rank"].key[0] == lead.key[0]]
+    gap = analysis.verdict.stragglers[0]["gap"]
+    run = ep.Run(start=start, end=end, bins=end - start, mean_gap=gap, on_runs=[(start, end)])
+    e = Episode(node=lead.key[0], keys=keys, start=start, end=end, runs={k: run for k in keys}, mean_gap=gap,
+                reaches_end=end >= series.n_bins - 1)
+    return judge(series, e, [e], analysis)
+
+
+def _iso(ns):
+    import datetime
+    return datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def episode_dict(series, j):
+    """An episode as the report holds it (JSON-ready): who, when (fleet time, ns and ISO 8601 UTC), how
+    much it cost the job, whether it comes and goes, its causes and findings."""
+    from .findings import CAUSE_CLASSES
+    e = j.episode
+    start_ns, end_ns = series.bin_start(e.start), series.bin_start(e.end)
+    ranks = [dict(node=k[0], pid=k[1], rank=series.rank_of.get(k)) for k in e.keys]
+    causes = [dict(node=f.node, cause=f.cause, share=f.share, summary=f.summary) for f in j.findings
+              if f.cause in CAUSE_CLASSES]
+    intermittent = None
+    if e.intermittent:
+        intermittent = dict(period_s=round(e.period_bins * series.bin_ns / 1e9, 1) if e.period_bins else None,
+                            duty=round(e.duty, 2), cycles=e.cycles)
+    return dict(node=e.node, nodes=j.nodes, ranks=ranks, start_ns=start_ns, end_ns=end_ns, start=_iso(start_ns),
+                end=_iso(end_ns), duration_s=round((end_ns - start_ns) / 1e9, 1),
+                slowdown=round(j.slowdown, 2), slowdown_estimated=j.slowdown_estimated, lost_s=round(j.lost_s, 1),
+                intermittent=intermittent, ongoing=e.reaches_end, mean_gap=round(e.mean_gap, 3),
+                clock_aligned=all(series.clocks[n].aligned for n in j.nodes),
+                causes=causes, findings=[f.to_dict() for f in j.findings])
+
+
+def timeline_dict(series):
+    end = series.bin_start(series.n_bins)
+    return dict(start_ns=series.t0_ns, end_ns=end, start=_iso(series.t0_ns), end=_iso(end),
+                bin_s=series.bin_ns / 1e9, ranks=len(series.ranks),
+                unaligned=[n for n, c in sorted(series.clocks.items()) if not c.aligned], sql=series.sql.strip())
