@@ -25,7 +25,8 @@ OWN_KINDS = ("own",)            # thread_time.thieves kinds that are the trainer
 @dataclass
 class ModelOptions:
     min_gap: float = 0.15        # the straggler waits at least this share of wall time less than the others' median
-    max_wait_ratio: float = 0.5  # ... and at most this fraction of the others' median wait
+    max_wait_ratio: float = 0.8  # ... and at most this fraction of the others' median wait (every rank also waits
+                                 # for the collective's own transfer: a small fault leaves the straggler a share)
     consistency: float = 0.6     # ... in at least this share of the window's slices
     min_cause_share: float = 0.1 # a cause finding needs at least this share of the straggler's excess
     enqueue_margin: float = 0.02 # counting sync as waiting must separate the ranks by this much more

@@ -18,6 +18,7 @@ MAX_SERIES_ROWS = 400_000      # rows the series query may return: bins grow on 
 HELPERS_PER_RANK = 4           # the series rows per rank and bin it budgets for (its calling thread and helpers)
 NEIGHBOURHOOD_S = 600.0        # a rank's clean time judged against an episode lies within this of it
 MERGE_BINS = 2                 # runs of one node's ranks this close are one episode
+MIN_CLEAN_BINS = 3             # clean time around an episode its slowdown is measured against
 
 
 @dataclass
@@ -313,12 +314,14 @@ def judge(series, episode, all_episodes, analysis):
     for other in all_episodes:
         busy.update(range(other.start, other.end))
     reach = max(1, int(NEIGHBOURHOOD_S * 1e9 // series.bin_ns))
+    job_usable = set.union(*(usable(series, k) for k in series.ranks)) if series.ranks else set()
     clean = [b for b in range(max(0, episode.start - reach), min(series.n_bins, episode.end + reach))
-             if b not in busy]
+             if b not in busy and b in job_usable]
     if episode.intermittent:
-        clean += [b for s, e in lead.off_runs for b in range(s, e)]
+        clean += [b for s, e in lead.off_runs for b in range(s, e) if b in job_usable]
     j = Judged(episode=episode, analysis=analysis, nodes=named, recent_bins=recent_bins)
-    during, before = step_rate(series, recent_bins), step_rate(series, clean) if clean else None
+    during = step_rate(series, [b for b in recent_bins if b in job_usable])
+    before = step_rate(series, clean) if len(clean) >= MIN_CLEAN_BINS else None
     if during and before:
         j.slowdown = max(1.0, before / during)
     else:

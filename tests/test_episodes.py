@@ -1,0 +1,152 @@
+"""Straggle episodes in time, on small synthetic series (pure: straggler.analysis.explain.episodes) and
+on synthetic stores of a whole job (straggler_lab.series) through explain with its defaults.
+
+What a user would notice: a fault late in a long trace is found, with its start and end; a fault that
+comes and goes is ONE episode that says it is intermittent (period, duty), not a flurry and not nothing;
+a node slow from its first step gets its real cause; noise alone names nobody.
+"""
+import random
+
+import pytest
+
+from straggler.analysis import explain
+from straggler.analysis.explain import episodes as ep
+from straggler_lab import series
+
+S = 1_000_000_000
+
+
+def noise(n, sigma=0.04, seed=1):
+    rng = random.Random(seed)
+    return [rng.gauss(0, sigma) for _ in range(n)]
+
+
+def runs(gaps, **opts):
+    return [(r.start, r.end) for r in ep.straggling_runs(gaps, ep.EpisodeOptions(**opts))]
+
+
+# ---------------------------------------------------------------- the segmentation (pure)
+
+def test_a_step_is_one_episode_from_where_it_starts_to_where_it_ends():
+    g = noise(600)
+    for b in range(200, 400):
+        g[b] += 0.4
+    assert runs(g) == [(200, 400)]
+
+
+def test_a_short_fault_late_in_an_hour_is_found():
+    g = noise(3600)
+    for b in range(3580, 3592):       # 12 s near the end of an hour
+        g[b] += 0.35
+    assert runs(g) == [(3580, 3592)]
+
+
+def test_a_square_wave_is_one_intermittent_episode_with_its_period_and_duty():
+    g = noise(600, sigma=0.02)
+    for b in range(300, 330):          # 2 bins on, 2 off
+        if (b - 300) % 4 < 2:
+            g[b] += 0.45
+    found = ep.straggling_runs(g)
+    assert len(found) == 1, [(r.start, r.end) for r in found]
+    run = found[0]
+    assert 298 <= run.start <= 300 and 328 <= run.end <= 330
+    assert ep.is_intermittent(run) and run.period_bins() == 4 and 0.4 <= run.duty <= 0.6
+
+
+def test_one_noisy_bin_or_two_make_no_episode():
+    g = noise(600)
+    g[100] += 0.5
+    g[300] += 0.4
+    g[301] -= 0.1
+    assert runs(g) == []
+
+
+def test_noise_alone_names_nobody_in_hours_of_bins():
+    for seed in range(10):
+        assert runs(noise(3600, sigma=0.06, seed=seed)) == [], seed
+
+
+def test_a_slow_ramp_is_found_once_it_is_material():
+    g = noise(600, sigma=0.02)
+    for b in range(200, 400):
+        g[b] += 0.5 * (b - 200) / 200
+    found = runs(g)
+    assert len(found) == 1 and 200 < found[0][0] < 260 and found[0][1] == 400
+
+
+def test_a_rank_slow_from_its_first_bin_is_one_episode_from_the_start():
+    g = noise(300)
+    g = [x + 0.3 for x in g]
+    assert runs(g) == [(0, 300)]
+
+
+def test_bins_without_data_neither_start_nor_end_an_episode():
+    g = noise(200)
+    for b in range(50, 150):
+        g[b] += 0.4
+    for b in range(90, 100):
+        g[b] = None                    # a gap in the data inside the episode
+    g[10] = None
+    assert runs(g) == [(50, 150)]
+
+
+def test_the_gap_of_each_rank_is_the_others_median_minus_its_own():
+    waits = {"a": [0.1, 0.6, None], "b": [0.6, 0.6, 0.5], "c": [0.5, 0.1, 0.5]}
+    gaps = ep.gap_series(waits)
+    assert gaps["a"][0] == pytest.approx(0.45) and gaps["b"][0] == pytest.approx(-0.3)
+    assert gaps["c"][1] == pytest.approx(0.5) and gaps["a"][2] is None and gaps["b"][2] == pytest.approx(0.0)
+
+
+# ---------------------------------------------------------------- a whole job (synthetic stores), explain's defaults
+
+def explained(tmp_path, faults, **spec):
+    path = str(tmp_path / "cluster.db")
+    facts = series.write_cluster(path, series.SeriesSpec(faults=faults, **spec))
+    return explain.explain_db(path), facts
+
+
+def cause_of(report, node):
+    top = explain.top_cause(report, node)
+    return top.cause if top else None
+
+
+def test_a_late_cpu_hog_in_a_long_job_is_named_with_its_start_and_end(tmp_path):
+    report, facts = explained(tmp_path, [series.Fault(node=1, start_s=3560, end_s=3574, kind="cpu", slow=2.5)],
+                              seconds=3600)
+    assert report.straggler == "gpu-node-02" and cause_of(report, "gpu-node-02") == "cpu-contention"
+    e = report.episodes[0]
+    assert abs(e["start_ns"] - facts["faults"][0]["start_ns"]) <= 2 * S
+    assert abs(e["end_ns"] - facts["faults"][0]["end_ns"]) <= 2 * S
+    assert e["intermittent"] is None and e["slowdown"] > 1.5
+
+
+def test_a_fault_that_comes_and_goes_is_one_intermittent_episode(tmp_path):
+    report, facts = explained(tmp_path, [series.Fault(node=2, start_s=300, end_s=330, kind="cpu", slow=2.0,
+                                                      on_s=2, off_s=2)], seconds=600)
+    assert report.straggler == "gpu-node-03" and len(report.episodes) == 1, report.episodes
+    e = report.episodes[0]
+    assert e["intermittent"] and e["intermittent"]["period_s"] == pytest.approx(4.0, abs=1.0)
+    assert 0.3 <= e["intermittent"]["duty"] <= 0.7
+    assert cause_of(report, "gpu-node-03") == "cpu-contention"
+
+
+def test_host_compute_from_the_first_step_is_host_compute(tmp_path):
+    report, _ = explained(tmp_path, [series.Fault(node=0, start_s=0, end_s=600, kind="host", slow=1.4)],
+                          seconds=600)
+    assert report.straggler == "gpu-node-01" and cause_of(report, "gpu-node-01") == "host-compute"
+    assert report.episodes[0]["slowdown_estimated"]          # no clean time: estimated from the waiters
+
+
+def test_two_episodes_lead_with_the_costliest(tmp_path):
+    faults = [series.Fault(node=0, start_s=100, end_s=120, kind="gpu", slow=1.5),
+              series.Fault(node=3, start_s=400, end_s=500, kind="io", slow=1.8)]
+    report, _ = explained(tmp_path, faults, seconds=600)
+    assert [e["node"] for e in report.episodes] == ["gpu-node-04", "gpu-node-01"]
+    assert report.straggler == "gpu-node-04"
+    assert report.episodes[0]["lost_s"] > report.episodes[1]["lost_s"]
+    assert [c["cause"] for c in report.episodes[1]["causes"]][:1] == ["gpu-slow"]
+
+
+def test_a_clean_job_has_no_episode(tmp_path):
+    report, _ = explained(tmp_path, [], seconds=900, noise=0.05)
+    assert report.straggler is None and report.episodes == []
