@@ -1,7 +1,13 @@
-"""What several commands share: the TLS options (--ca/--cert/--key/--no-tls/…) and the plain
-/metrics port's options, with the TLSOptions they make."""
+"""What several commands share: the node database option (--db), the TLS options
+(--ca/--cert/--key/--no-tls/…) with the TLSOptions they make, and the plain /metrics port's options."""
 from .. import defaults
 from ..tls import DEFAULT_CA, DEFAULT_CERT, DEFAULT_CRL, DEFAULT_KEY, TLSOptions
+
+
+def add_db_argument(parser):
+    """Add --db/-d, the node's database (status, query, snapshot)."""
+    parser.add_argument("--db", "-d", default=defaults.DB_PATH,
+                        help=f"the node's database (default {defaults.DB_PATH})")
 
 
 def add_tls_arguments(parser):

@@ -1,5 +1,5 @@
-"""Read-only SQL against a node's store: the guard every query path (CLI, HTTPS API, fleet,
-Ansible) goes through, and `straggler query`.
+"""Read-only SQL against a node's store: the guard every query path (`straggler query`, the HTTPS
+API, the fleet, Ansible) goes through.
 
 Read-only is enforced by SQLite, never by matching the SQL text:
   - the file is opened read-only (`file:…?mode=ro`), and `PRAGMA query_only=1` is set;
@@ -7,14 +7,13 @@ Read-only is enforced by SQLite, never by matching the SQL text:
     (ATTACH/DETACH, every write, transactions and PRAGMAs that set a value are denied);
   - exactly one statement; a time limit (progress handler) and a row cap.
 
-This module must not write to a database, and must not import the API, the fleet client or
-the analysis.
+This module must not write to a database, must not import the API, the fleet client or the
+analysis, and prints nothing (straggler.cli.query renders a QueryResult).
 """
 import json
 import os
 import socket
 import sqlite3
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any, List
@@ -419,32 +418,3 @@ def node_name(db_path, default=None):
         pass
     return default or socket.gethostname()
 
-
-# ---------------------------------------------------------------- CLI
-
-def add_arguments(parser):
-    parser.add_argument("sql", metavar="SQL", help="one read-only statement (SELECT, WITH … SELECT, read-only PRAGMA)")
-    parser.add_argument("--db", "-d", default=DEFAULT_DB, help=f"the node's database (default {DEFAULT_DB})")
-    fmt = parser.add_mutually_exclusive_group()
-    fmt.add_argument("--json", action="store_true", help='print {"node","columns","rows","truncated","elapsed_ms"}')
-    fmt.add_argument("--csv", action="store_true", help="print CSV with a header line")
-    parser.add_argument("--limit", type=int, default=DEFAULT_LIMIT, help=f"at most N rows (default {DEFAULT_LIMIT})")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
-                        help=f"stop the query after S seconds (default {DEFAULT_TIMEOUT_S:g})")
-
-
-def run(args):
-    from .. import render
-    result = run_query(args.db, args.sql, limit=args.limit, timeout_s=args.timeout)
-    result.node = node_name(args.db)
-    if args.json:
-        sys.stdout.write(json.dumps(result.to_dict()) + "\n")
-    elif args.csv:
-        sys.stdout.write(render.to_csv(result.columns, jsonable_rows(result.rows)))
-    else:
-        render.print_table(result.columns, result.rows)
-        note = f"{len(result.rows)} row(s) from {result.node} in {result.elapsed_ms:.1f} ms"
-        if result.truncated:
-            note += f"; truncated at --limit {args.limit}"
-        print(note, file=sys.stderr)
-    return 0
