@@ -1,5 +1,5 @@
-"""A consistent copy of a node's live database, for collect and merge: `straggler snapshot`
-and GET /api/v1/snapshot.
+"""A consistent copy of a node's live database, for collect and merge: what `straggler snapshot`
+(straggler.cli.snapshot) and GET /api/v1/snapshot run.
 
 How: SQLite's online backup API from a read-only connection (never a raw copy of the file and
 its WAL) that holds ONE read transaction for the whole copy. Inside it the source is a fixed
@@ -31,20 +31,18 @@ takes one from `stage_dir(snapshot_dir=None)`: a new directory `straggler-snapsh
 directories that dead processes of this user left in the same parent. The caller removes its own
 directory when done (shutil.rmtree); stage_dir only cleans up after the dead.
 
-This module must not write to the source database.
+This module must not write to the source database, and prints nothing.
 """
-import json
 import os
 import re
 import shutil
 import sqlite3
 import stat
-import sys
 import tempfile
 import time
 
 from ..errors import StragglerError
-from .query import DEFAULT_DB, open_readonly
+from .query import open_readonly
 
 DEFAULT_DEADLINE_S = 120.0
 _PAGES_PER_STEP = 4096          # the deadline is checked after each step (16 MiB at 4 KiB pages)
@@ -270,30 +268,3 @@ def snapshot(db_path, out_path, deadline_s=DEFAULT_DEADLINE_S):
     return {"path": out_path, "bytes": os.path.getsize(out_path), "pages": pages,
             "elapsed_ms": round((time.monotonic() - started) * 1000.0, 3), "deadline_s": deadline_s}
 
-
-def _positive_seconds(text):
-    import argparse
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
-    return value
-
-
-def add_arguments(parser):
-    parser.add_argument("--db", "-d", default=DEFAULT_DB, help=f"the node's database (default {DEFAULT_DB})")
-    parser.add_argument("-o", "--output", required=True, help="where to write the copy (mode 0600)")
-    parser.add_argument("--deadline", type=_positive_seconds, default=DEFAULT_DEADLINE_S, metavar="S",
-                        help=f"give up after S seconds, leaving nothing behind (default {DEFAULT_DEADLINE_S:g})")
-    parser.add_argument("--json", action="store_true", help="print a JSON summary")
-
-
-def run(args):
-    summary = snapshot(args.db, args.output, deadline_s=args.deadline)
-    if args.json:
-        sys.stdout.write(json.dumps(summary) + "\n")
-    else:
-        print(f"wrote {summary['path']} ({summary['bytes']} bytes) in {summary['elapsed_ms']:.0f} ms")
-    return 0
