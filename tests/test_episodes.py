@@ -150,3 +150,41 @@ def test_two_episodes_lead_with_the_costliest(tmp_path):
 def test_a_clean_job_has_no_episode(tmp_path):
     report, _ = explained(tmp_path, [], seconds=900, noise=0.05)
     assert report.straggler is None and report.episodes == []
+
+
+# ---------------------------------------------------------------- ranks per node (eight ranks on a GPU node)
+
+def test_one_slow_gpu_of_eight_names_that_rank_on_that_node(tmp_path):
+    report, _ = explained(tmp_path, [series.Fault(node=2, ranks=(3,), start_s=60, end_s=240, kind="gpu", slow=1.5)],
+                          seconds=300, ranks_per_node=8)
+    assert report.stragglers == ["gpu-node-03"]
+    assert [r["rank"] for r in report.episodes[0]["ranks"]] == [19]
+    top = report.findings[0]
+    assert top.cause == "straggler" and "1 of its 8 ranks (19)" in top.summary
+    assert cause_of(report, "gpu-node-03") == "gpu-slow"
+
+
+def test_cpu_contention_on_a_whole_node_names_the_node_and_all_its_ranks(tmp_path):
+    report, _ = explained(tmp_path, [series.Fault(node=1, start_s=60, end_s=240, kind="cpu", slow=1.6)],
+                          seconds=300, ranks_per_node=8)
+    assert report.stragglers == ["gpu-node-02"]
+    assert sorted(r["rank"] for r in report.episodes[0]["ranks"]) == list(range(8, 16))
+    assert "all 8 of its ranks (8-15)" in report.findings[0].summary
+    assert cause_of(report, "gpu-node-02") == "cpu-contention"
+
+
+def test_two_faulty_nodes_with_several_ranks_each_are_both_named(tmp_path):
+    faults = [series.Fault(node=0, ranks=(0, 1, 2, 3), start_s=60, end_s=240, kind="host", slow=1.6),
+              series.Fault(node=3, ranks=(4, 5), start_s=60, end_s=240, kind="host", slow=1.6)]
+    report, _ = explained(tmp_path, faults, seconds=300, ranks_per_node=8)
+    assert set(report.stragglers) == {"gpu-node-01", "gpu-node-04"}, report.stragglers
+    named = {(r["node"], r["rank"]) for e in report.episodes for r in e["ranks"]}
+    assert named == {("gpu-node-01", r) for r in range(4)} | {("gpu-node-04", r) for r in (28, 29)}
+
+
+def test_a_sibling_rank_taking_the_cpu_is_self_contention_not_an_intruder(tmp_path):
+    report, _ = explained(tmp_path, [series.Fault(node=1, ranks=(0,), start_s=60, end_s=240, kind="cpu", slow=1.8,
+                                                  thief="sibling")], seconds=300, ranks_per_node=2)
+    assert report.straggler == "gpu-node-02" and cause_of(report, "gpu-node-02") == "self-contention"
+    finding = explain.top_cause(report, "gpu-node-02")
+    assert "another rank of this job on the node" in finding.summary and "taskset" not in finding.recommendation

@@ -35,6 +35,8 @@ class Fault:
     ranks: tuple = None              # local ranks on that node (None: all of them)
     on_s: float = None               # intermittent: on for on_s, off for off_s, from start_s
     off_s: float = None
+    thief: str = "hog"               # cpu: who takes the CPU — "hog" (a process of its own) or "sibling" (another
+                                     # rank of the job on the same node)
 
     def active(self, t_s):
         if not (self.start_s <= t_s < self.end_s):
@@ -78,7 +80,11 @@ def rows_of_interval(spec, rng, t_s, node, local, rank, slowest):
     iv = spec.interval_s
     mine = 1.0
     component_extra = {}
+    thief = ["process", HOG_PID + node, "cpu-hog"]
     for f in _faults_of(spec, node, local):
+        if f.kind == "cpu" and f.thief == "sibling":
+            other = node * spec.ranks_per_node + (local + 1) % spec.ranks_per_node
+            thief = ["process", TRAINER_PID + other, "python"]
         share = f.on_share(t_s, t_s + iv)
         if share > 0:
             extra = (f.slow - 1.0) * share
@@ -103,7 +109,7 @@ def rows_of_interval(spec, rng, t_s, node, local, rank, slowest):
                 work_ns=ns(per["work"]), sync_ns=ns(per["sync"] + sync_wait), coll_ns=ns(coll),
                 runq_ns=runq, runq_work_ns=runq // 2, runq_sync_ns=0, runq_coll_ns=0,
                 blocked_ns=ns(blocked), io_ns=ns(per["io"]),
-                thieves=json.dumps([["process", HOG_PID + node, "cpu-hog", runq]]) if runq else None)
+                thieves=json.dumps([thief + [runq]]) if runq else None)
     rows = [main]
     if spec.helper_thread:
         rows.append(dict(tid=TRAINER_PID + 100 * rank + 1, comm="pt_nccl_comm", calls=0, work_ns=0, sync_ns=0,

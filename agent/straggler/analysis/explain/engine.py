@@ -266,8 +266,8 @@ def emit(report, ctx):
             report.stragglers.append(s["rank"].key[0])
     report.straggler = report.stragglers[0] if report.stragglers else None
     if verdict.stragglers:
-        for i, s in enumerate(verdict.stragglers):
-            findings.straggler_findings(report, ctx, s, first=(i == 0))
+        for i, group in enumerate(model.by_node(verdict.stragglers)):
+            findings.straggler_findings(report, ctx, group, first=(i == 0))
         findings.waiter_finding(report, ctx)
     else:
         findings.no_straggler_findings(report, ctx)

@@ -101,6 +101,22 @@ def lost_findings(report, lost):
             recommendation="raise the agent's buffer size (--ringbuf-kb, --sys-ringbuf-kb) or trace fewer calls"))
 
 
+def _rank_list(ranks):
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    out, start, prev = [], None, None
+    for r in sorted(ranks):
+        if start is None:
+            start = prev = r
+        elif r == prev + 1:
+            prev = r
+        else:
+            out.append(f"{start}-{prev}" if prev > start else f"{start}")
+            start = prev = r
+    if start is not None:
+        out.append(f"{start}-{prev}" if prev > start else f"{start}")
+    return ", ".join(out)
+
+
 def _who(rt):
     return f"{rt.key[0]} (rank {rt.rank})" if rt.rank is not None else f"{rt.key[0]} (pid {rt.key[1]})"
 
@@ -109,9 +125,13 @@ def _pct(x):
     return f"{100 * x:.0f}%"
 
 
-def straggler_findings(report, ctx, s, first):
+def straggler_findings(report, ctx, group, first):
+    """The straggler finding of one node (`group`: its named ranks, the one that waits least first) and
+    its causes (those of that rank; the node's other straggling ranks are listed with it)."""
+    s = group[0]
     rt, verdict = s["rank"], ctx.verdict
-    others = [r for r in ctx.ranks if r.key != rt.key and r.key not in {x["rank"].key for x in verdict.stragglers}]
+    named = {x["rank"].key for x in verdict.stragglers}
+    others = [r for r in ctx.ranks if r.key != rt.key and r.key not in named]
     others = others or [r for r in ctx.ranks if r.key != rt.key]
     node, pid = rt.key
     base = ctx.baseline.get(rt.key)
@@ -119,17 +139,28 @@ def straggler_findings(report, ctx, s, first):
     style = ("in collectives and blocked" if verdict.wait_def == "blocking"
              else "in collectives, blocked and in synchronize: in this job the ranks wait for each other in synchronize "
                   "too, as with collectives that only enqueue")
-    summary = (f"{_who(rt)} is the straggler: it waits least for its peers — its calling thread {rt.comm} "
-               f"(tid {rt.tid}) spent {_pct(s['wait'])} of its time waiting ({style}) vs {_pct(s['others_median'])} "
-               f"median on the other ranks{base_txt}, lower in {s['consistency']:.0%} of the window's slices; "
-               f"everyone else waits for it")
+    node_ranks = [r for r in ctx.ranks if r.key[0] == node]
+    if len(node_ranks) > 1:
+        slow = sorted(x["rank"].rank for x in group if x["rank"].rank is not None)
+        which = (f"all {len(node_ranks)} of its ranks ({_rank_list(slow)}) wait less than the others: the whole node "
+                 f"is slow" if len(group) == len(node_ranks) else
+                 f"{len(group)} of its {len(node_ranks)} ranks ({_rank_list(slow)}) wait less than the others: those "
+                 f"ranks' own devices or threads, not the whole node")
+        lead = f"{node} is the straggler: {which}; the least waiting, {_who(rt)},"
+    else:
+        lead = f"{_who(rt)} is the straggler: it waits least for its peers —"
+    summary = (f"{lead} its calling thread {rt.comm} (tid {rt.tid}) spent {_pct(s['wait'])} of its time waiting "
+               f"({style}) vs {_pct(s['others_median'])} median on the other ranks{base_txt}, lower in "
+               f"{s['consistency']:.0%} of the window's slices; everyone else waits for it")
     match = {"node": node, "pid": pid, "tid": rt.tid, "part": "recent"}
+    numbers = {"wait_pct": round(100 * s["wait"], 1), "others_median_wait_pct": round(100 * s["others_median"], 1),
+               "gap_pct": round(100 * s["gap"], 1), "slices_lower": round(s["consistency"], 2),
+               "coll_ns": rt.raw.get("coll_ns"), "blocked_ns": rt.raw.get("blocked_ns"), "wall_ns": rt.wall_ns,
+               "rank": rt.rank}
+    if len(node_ranks) > 1:
+        numbers.update(ranks_straggling=len(group), ranks_on_node=len(node_ranks))
     report.findings.append(Finding(
-        severity="critical", node=node, cause="straggler", summary=summary,
-        numbers={"wait_pct": round(100 * s["wait"], 1), "others_median_wait_pct": round(100 * s["others_median"], 1),
-                 "gap_pct": round(100 * s["gap"], 1), "slices_lower": round(s["consistency"], 2),
-                 "coll_ns": rt.raw.get("coll_ns"), "blocked_ns": rt.raw.get("blocked_ns"), "wall_ns": rt.wall_ns,
-                 "rank": rt.rank},
+        severity="critical", node=node, cause="straggler", summary=summary, numbers=numbers,
         sources={"coll_ns": dict(sql="threads", match=match, column="coll_ns"),
                  "blocked_ns": dict(sql="threads", match=match, column="blocked_ns")},
         sql={"threads": ctx.threads_sql.strip(), **({"slices": ctx.slices_sql.strip()} if ctx.slices_sql else {})},
@@ -180,8 +211,12 @@ def _cause_findings(report, ctx, rt, others, base):
     if ex.get("runq", 0) > 0:
         thieves_sql = sql.thieves(windows, node, pid)
         rows = runner.rows(thieves_sql)
-        rec = {(r["kind"], r["thief_pid"], r["thief_comm"]): r["runq_ns"] or 0 for r in rows if r["part"] == "recent"}
-        bas = {(r["kind"], r["thief_pid"], r["thief_comm"]): r["runq_ns"] or 0 for r in rows if r["part"] == "baseline"}
+        siblings = {int(r["pid"]): r.get("rank") for r in ctx.span_rows if r["node"] == node and int(r["pid"]) != pid}
+
+        def kind_of(r):             # another rank of this job on the node is the job's own contention
+            return "sibling" if r["kind"] == "process" and r["thief_pid"] in siblings else r["kind"]
+        rec = {(kind_of(r), r["thief_pid"], r["thief_comm"]): r["runq_ns"] or 0 for r in rows if r["part"] == "recent"}
+        bas = {(kind_of(r), r["thief_pid"], r["thief_comm"]): r["runq_ns"] or 0 for r in rows if r["part"] == "baseline"}
         growth = model.thief_growth(rec, bas, recent_s, base_s)
         own_share, other_share = model.split_runq(growth)
         runq_share = ex["runq"] / denom
@@ -220,8 +255,9 @@ def _cause_findings(report, ctx, rt, others, base):
                 extra_sql={"thieves": thieves_sql.strip()},
                 recommendation=_recommend_cpu(top, io_rows))
         if own_share * runq_share >= mopts.min_cause_share:
-            names = [f"{', '.join(sorted(v['comms'])) or 'its threads'}: {v['rate'] / total_rate:.0%}"
-                     for (kind, tpid), v in own[:3]]
+            names = [(f"rank {siblings.get(tpid)} (pid {tpid}), another rank of this job on the node"
+                      if kind == "sibling" else f"{', '.join(sorted(v['comms'])) or 'its threads'}")
+                     + f": {v['rate'] / total_rate:.0%}" for (kind, tpid), v in own[:3]]
             summary = (f"self-contention on {node}: the trainer's own threads (or its child processes) compete for "
                        f"too few cores — {base_runq}; its own: " + "; ".join(names))
             add("self-contention", runq_share * own_share, summary, {"runq_ns": rt.raw.get("runq_ns"), "excess_ns": excess_ns},
@@ -311,7 +347,9 @@ def waiter_finding(report, ctx):
     waiters = [r for r in ctx.ranks if r.key not in named]
     if not waiters:
         return
-    who = ", ".join(f"{_who(s['rank'])}" for s in verdict.stragglers)
+    who = ", ".join(_who(g[0]["rank"]) if len(g) == 1 else
+                    f"{g[0]['rank'].key[0]} (ranks {_rank_list([s['rank'].rank for s in g if s['rank'].rank is not None])})"
+                    for g in model.by_node(verdict.stragglers))
     parts = [f"{_who(r)} waits {_pct(r.wait_share(verdict.wait_def))} (run queue {_pct(r.share('runq'))})" for r in waiters]
     report.findings.append(Finding(
         severity="info", node=None, cause="waiters",

@@ -19,7 +19,8 @@ from ...store.steptime import COMPONENTS, WAIT_DEFS
 
 # which class an excess component is evidence of (runq and io are split further by the evidence)
 COMPONENT_CAUSE = {"host": "host-compute", "sync": "gpu-slow", "work": "cuda-calls"}
-OWN_KINDS = ("own",)            # thread_time.thieves kinds that are the trainer itself (or its children)
+OWN_KINDS = ("own", "sibling")  # thieves that are the job itself: the trainer (or its children), or another
+                                # rank of the same job on the node (explain marks those "sibling")
 
 
 @dataclass
@@ -86,8 +87,10 @@ class Verdict:
     rejected: list = field(default_factory=list)     # [(RankTime, reason)]
 
 
-def find_stragglers(ranks, slices, opts, max_stragglers=2):
-    """The rank(s) that wait materially and consistently less than the others, ranked.
+def find_stragglers(ranks, slices, opts, max_nodes=2, max_ranks=64):
+    """The rank(s) that wait materially and consistently less than the others, ranked; at most
+    `max_nodes` nodes (all the straggling ranks of each: one slow GPU of eight is one rank, CPU contention
+    on a node all of its ranks).
 
     `ranks`: RankTime over the recent window, one per rank; `slices`: lists of RankTime over short
     parts of it. A machine-wide change moves every rank's wait alike and names none."""
@@ -96,12 +99,15 @@ def find_stragglers(ranks, slices, opts, max_stragglers=2):
         return verdict
     rates = {r.key: r.calls / r.wall_ns for r in ranks if r.wall_ns}
     named = []
-    for _ in range(max_stragglers):
+    for _ in range(min(max_ranks, len(ranks) - 1)):
         sep = separation(ranks, verdict.wait_def, exclude=[s["rank"].key for s in named])
         if sep is None:
             break
         least, wait, med, gap = sep
-        if named:   # a second one is compared with the ranks that are neither
+        nodes = {s["rank"].key[0] for s in named}
+        if least.key[0] not in nodes and len(nodes) >= max_nodes:
+            break
+        if named:   # a later one is compared with the ranks that are none of them
             rest = [r.wait_share(verdict.wait_def) for r in ranks
                     if r.key != least.key and r.key not in {s["rank"].key for s in named}]
             if not rest:
@@ -123,6 +129,14 @@ def find_stragglers(ranks, slices, opts, max_stragglers=2):
         named.append(dict(rank=least, wait=wait, others_median=med, gap=gap, consistency=consistency))
     verdict.stragglers = named
     return verdict
+
+
+def by_node(stragglers):
+    """The named ranks grouped by node, in the order the nodes were first named: [[straggler dict]]."""
+    groups = {}
+    for s in stragglers:
+        groups.setdefault(s["rank"].key[0], []).append(s)
+    return list(groups.values())
 
 
 def excess(straggler, others, wait_def, baseline=None):
