@@ -10,7 +10,8 @@ This module must not import anything else from straggler.
 """
 import sqlite3
 
-SCHEMA_VERSION = 2   # 2: thread_time (the step-time model's per-thread summaries)
+SCHEMA_VERSION = 3   # 2: thread_time (the step-time model's per-thread summaries); 3: gpus, gpu_samples,
+                     # gpu_processes, gpu_errors (the devices' own word: NVML and the kernel's Xid errors)
 
 DDL = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -101,6 +102,95 @@ CREATE TABLE IF NOT EXISTS thread_time (
 );
 CREATE INDEX IF NOT EXISTS thread_time_ts ON thread_time(ts);
 
+-- The GPUs NVIDIA's management library (NVML) shows on the node, one row per GPU (index and UUID).
+-- Only written when the agent reads the devices (see meta devices_state); docs/devices.md.
+CREATE TABLE IF NOT EXISTS gpus (
+    node        TEXT    NOT NULL,
+    gpu         INTEGER NOT NULL,          -- NVML index (nvidia-smi's), what the other gpu_* tables name
+    uuid        TEXT    NOT NULL,          -- 'GPU-8b2f...': stable across reboots and index changes
+    name        TEXT,                      -- product name, e.g. 'NVIDIA H100 80GB HBM3'
+    pci_bus_id  TEXT,                      -- 'dddd:bb:dd.f', lower case (Xid lines name 'dddd:bb:dd')
+    ts          INTEGER NOT NULL,          -- first seen, ns monotonic
+    last_seen   INTEGER,                   -- ns monotonic
+    PRIMARY KEY (node, gpu, uuid)
+);
+
+-- One row per GPU per sampling interval (trace --gpu-interval, default 1 s). A value the device does
+-- not report (NVML_ERROR_NOT_SUPPORTED) is NULL. Counters marked 'cumulative' count since the driver
+-- loaded (or the GPU was reset): take differences between rows for a rate.
+CREATE TABLE IF NOT EXISTS gpu_samples (
+    node              TEXT    NOT NULL,
+    ts                INTEGER NOT NULL,    -- when read, ns monotonic
+    gpu               INTEGER NOT NULL,    -- NVML index (gpus.gpu)
+    sm_clock_mhz      INTEGER,             -- SM clock now, MHz
+    sm_clock_max_mhz  INTEGER,             -- its maximum, MHz
+    mem_clock_mhz     INTEGER,             -- memory clock now, MHz
+    mem_clock_max_mhz INTEGER,             -- its maximum, MHz
+    clock_events      INTEGER,             -- why the clocks are held down: NVML's clock-event (throttle) bitmask
+    clock_event_names TEXT,                -- the same, named: 'hw_thermal_slowdown,sw_power_cap' ('' when none)
+    temperature_c     INTEGER,             -- GPU die, degrees C
+    power_mw          INTEGER,             -- power draw, milliwatts
+    power_limit_mw    INTEGER,             -- the enforced power limit, milliwatts
+    util_gpu_pct      INTEGER,             -- % of NVML's last sample period a kernel ran
+    util_mem_pct      INTEGER,             -- % of it device memory was read or written
+    mem_used_bytes    INTEGER,             -- device memory in use, bytes
+    mem_total_bytes   INTEGER,             -- device memory, bytes
+    pcie_gen          INTEGER,             -- PCIe link generation now
+    pcie_gen_max      INTEGER,             -- the most this GPU and slot can do
+    pcie_width        INTEGER,             -- PCIe lanes now (x16 = 16)
+    pcie_width_max    INTEGER,             -- the most lanes possible
+    pcie_tx_kb_s      INTEGER,             -- PCIe transmit throughput, KB/s (NVML: over 20 ms)
+    pcie_rx_kb_s      INTEGER,             -- PCIe receive throughput, KB/s
+    nvlink_links      INTEGER,             -- NVLinks up (NULL: no NVLink)
+    nvlink_replay_errors   INTEGER,        -- cumulative, summed over links: data-link transmit replays
+    nvlink_recovery_errors INTEGER,        -- cumulative, summed over links: link recoveries
+    nvlink_crc_errors      INTEGER,        -- cumulative, summed over links: receive CRC errors (flit + data)
+    ecc_corrected     INTEGER,             -- cumulative (volatile): corrected ECC errors
+    ecc_uncorrected   INTEGER,             -- cumulative (volatile): uncorrected ECC errors
+    remapped_rows_corrected   INTEGER,     -- memory rows remapped for corrected errors
+    remapped_rows_uncorrected INTEGER,     -- memory rows remapped for uncorrected errors
+    remap_pending     INTEGER,             -- 1: a remap waits for the GPU's reset
+    remap_failure     INTEGER,             -- 1: a remap failed (the GPU needs service)
+    read_error        TEXT                 -- NVML's error for values it failed to read (e.g. 'GPU is lost'), else NULL
+);
+CREATE INDEX IF NOT EXISTS gpu_samples_ts ON gpu_samples(ts);
+CREATE INDEX IF NOT EXISTS gpu_samples_node_gpu_ts ON gpu_samples(node, gpu, ts);
+
+-- Which process uses which GPU: NVML's running compute processes ('nvml') and the /dev/nvidiaN
+-- files a traced process holds open ('fd'). Join with processes on (node, pid) for its command line.
+CREATE TABLE IF NOT EXISTS gpu_processes (
+    node        TEXT    NOT NULL,
+    pid         INTEGER NOT NULL,
+    gpu         INTEGER NOT NULL,          -- NVML index (for 'fd': the N of /dev/nvidiaN, the device minor)
+    uuid        TEXT,                      -- gpus.uuid, when NVML is read
+    rank        INTEGER,                   -- torchrun RANK of the process, NULL if unknown
+    how         TEXT    NOT NULL,          -- 'nvml' | 'fd'
+    mem_used_bytes INTEGER,                -- 'nvml': device memory the process holds, bytes
+    first_seen  INTEGER NOT NULL,          -- ns monotonic
+    last_seen   INTEGER,                   -- ns monotonic
+    PRIMARY KEY (node, pid, gpu, how, first_seen)
+);
+
+-- The NVIDIA driver's Xid errors, read from the kernel log (/dev/kmsg) from the agent's start on:
+--   NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.
+CREATE TABLE IF NOT EXISTS gpu_errors (
+    node        TEXT    NOT NULL,
+    ts          INTEGER NOT NULL,          -- ns monotonic (the kernel log's time stamp, us since boot)
+    gpu         INTEGER,                   -- NVML index of the GPU at that bus id, NULL if unknown
+    pci_bus_id  TEXT    NOT NULL,          -- 'dddd:bb:dd' as the line gives it, lower case
+    uuid        TEXT,                      -- gpus.uuid, or the driver's 'GPU at PCI:...' line
+    xid         INTEGER NOT NULL,          -- the Xid code
+    meaning     TEXT,                      -- what the code means (docs/devices.md), NULL for a rare code
+    pid         INTEGER,                   -- the process the driver names (pid=), NULL when '<unknown>'
+    process     TEXT,                      -- its name (name=)
+    gpu_instance     INTEGER,              -- MIG: GPU-I, else NULL
+    compute_instance INTEGER,              -- MIG: GPU-CI, else NULL
+    origin      TEXT    NOT NULL,          -- 'kernel' (the driver) | 'user' (written to /dev/kmsg by a program)
+    kmsg_seq    INTEGER,                   -- the kernel log's sequence number
+    message     TEXT    NOT NULL           -- the line as logged
+);
+CREATE INDEX IF NOT EXISTS gpu_errors_ts ON gpu_errors(ts);
+
 -- (monotonic, realtime) pairs read back to back, so any ts converts to wall-clock time.
 CREATE TABLE IF NOT EXISTS clock_pairs (
     node    TEXT    NOT NULL,
@@ -163,6 +253,15 @@ CREATE TABLE IF NOT EXISTS probes (
     PRIMARY KEY (node, name, library)
 );
 """
+
+# The columns of a gpu_samples row, in the order the agent's device sampler writes them.
+GPU_SAMPLE_COLUMNS = (
+    "node", "ts", "gpu", "sm_clock_mhz", "sm_clock_max_mhz", "mem_clock_mhz", "mem_clock_max_mhz", "clock_events",
+    "clock_event_names", "temperature_c", "power_mw", "power_limit_mw", "util_gpu_pct", "util_mem_pct",
+    "mem_used_bytes", "mem_total_bytes", "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max", "pcie_tx_kb_s",
+    "pcie_rx_kb_s", "nvlink_links", "nvlink_replay_errors", "nvlink_recovery_errors", "nvlink_crc_errors",
+    "ecc_corrected", "ecc_uncorrected", "remapped_rows_corrected", "remapped_rows_uncorrected", "remap_pending",
+    "remap_failure", "read_error")
 
 # Views for the common questions (read-only convenience; users may write the SQL themselves).
 VIEWS = """

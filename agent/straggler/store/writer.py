@@ -38,10 +38,18 @@ TABLE_INSERTS = {
     "processes": "INSERT OR REPLACE INTO processes(node, pid, ppid, comm, cmdline, rank, local_rank, world_size, "
                  "master_addr, master_port, first_seen, last_seen, exited) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     "probes": "INSERT OR REPLACE INTO probes(node, name, library, attached_at) VALUES (?, ?, ?, ?)",
+    # the devices (straggler.devices): GPU_SAMPLE_COLUMNS is the order of a gpu_samples row
+    "gpus": "INSERT OR REPLACE INTO gpus(node, gpu, uuid, name, pci_bus_id, ts, last_seen) VALUES (?, ?, ?, ?, ?, ?, ?)",
+    "gpu_samples": "INSERT INTO gpu_samples(" + ", ".join(schema.GPU_SAMPLE_COLUMNS) + ") VALUES ("
+                   + ", ".join(["?"] * len(schema.GPU_SAMPLE_COLUMNS)) + ")",
+    "gpu_processes": "INSERT OR REPLACE INTO gpu_processes(node, pid, gpu, uuid, rank, how, mem_used_bytes, first_seen, "
+                     "last_seen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    "gpu_errors": "INSERT INTO gpu_errors(node, ts, gpu, pci_bus_id, uuid, xid, meaning, pid, process, gpu_instance, "
+                  "compute_instance, origin, kmsg_seq, message) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 }
 # tables cut by retention, with their time column
 RETAINED = (("events", "ts"), ("aggregates", "ts"), ("thread_time", "ts"), ("lost_events", "ts"), ("agent_cost", "ts"),
-            ("clock_pairs", "mono_ns"))
+            ("clock_pairs", "mono_ns"), ("gpu_samples", "ts"), ("gpu_errors", "ts"))
 MIN_MAX_DB = 1 << 20
 
 
@@ -144,7 +152,7 @@ class StoreWriter:
         return 0
 
     def submit(self, table, rows):
-        """Queue rows for aggregates, clock_pairs, lost_events, agent_cost, processes or probes (node first)."""
+        """Queue rows for a table of TABLE_INSERTS (aggregates, thread_time, ..., gpu_samples: node first)."""
         if rows:
             with self._cond:
                 self._queue.append((table, rows))
