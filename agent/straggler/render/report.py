@@ -7,6 +7,7 @@ from ..text import fmt_bytes, fmt_ns
 from . import table_text, to_markdown as table_markdown
 
 NODE_COLUMNS = ["node", "rank", "thread", "waits", "host", "run queue", "sync", "io", "role"]
+EPISODE_COLUMNS = ["#", "node", "ranks", "start (UTC)", "end", "lasted", "job slower", "time lost", "cause", "pattern"]
 
 
 def verdict_line(straggler, cause=None, share=None, summary=None, rank=None, none="no straggler found"):
@@ -30,6 +31,52 @@ def report_verdict(report, none="no straggler found"):
     return verdict_line(report.straggler, top.cause, top.share, top.summary, none=none)
 
 
+def _hms(iso):
+    """'2026-01-01T00:59:20.000+00:00' -> ('2026-01-01', '00:59:20')."""
+    return (iso[:10], iso[11:19]) if iso else ("", "")
+
+
+def _ranks_text(e):
+    ranks = sorted(r["rank"] for r in e.get("ranks", []) if r.get("rank") is not None)
+    if not ranks:
+        return ""
+    return ", ".join(map(str, ranks)) if len(ranks) <= 4 else f"{ranks[0]}..{ranks[-1]} ({len(ranks)})"
+
+
+def _pattern(e):
+    i = e.get("intermittent")
+    if i:
+        period = f"period {i['period_s']:g} s, " if i.get("period_s") else ""
+        return f"intermittent ({period}on {i['duty']:.0%})"
+    return "ongoing" if e.get("ongoing") else "steady"
+
+
+def _cause_text(e):
+    c = max(e.get("causes") or [], key=lambda c: c["share"], default=None)
+    return f"{c['cause']} {c['share']:.0%}" if c else ""
+
+
+def episode_rows(report):
+    """The episodes table's rows: who, when, how long, what it cost the job, why, and its pattern."""
+    rows = []
+    for i, e in enumerate(report.episodes, 1):
+        day, start = _hms(e["start"])
+        _, end = _hms(e["end"])
+        slower = f"×{e['slowdown']:.2f}" + (" (est.)" if e.get("slowdown_estimated") else "")
+        rows.append((i, ", ".join(e.get("nodes") or [e["node"]]), _ranks_text(e), f"{day} {start}", end,
+                     f"{e['duration_s']:g} s", slower, f"{e['lost_s']:g} s", _cause_text(e), _pattern(e)))
+    return rows
+
+
+def episode_headline(e):
+    """One line for an episode: 'gpu-node-02: 00:59:20 → 00:59:34 UTC (14 s), the job ×2.05 slower'."""
+    day, start = _hms(e["start"])
+    _, end = _hms(e["end"])
+    return (f"{', '.join(e.get('nodes') or [e['node']])}: {day} {start} → {end} UTC ({e['duration_s']:g} s), the job "
+            f"×{e['slowdown']:.2f} slower{' (estimated)' if e.get('slowdown_estimated') else ''}, "
+            f"{e['lost_s']:g} s lost" + (f"; {_pattern(e)}" if e.get("intermittent") else ""))
+
+
 def _fmt_pct(p):
     return "" if p is None else f"{p:.0f}%"
 
@@ -44,6 +91,13 @@ def to_text(report, show_sql=True, width=None):
     out.append(f"straggler: {', '.join(report.stragglers or [report.straggler])}" if report.straggler
                else "straggler: none found")
     out.append("")
+    if report.episodes:
+        span = report.timeline or {}
+        title = (f"{len(report.episodes)} straggle episode(s) in {_hms(span.get('start'))[1]} → "
+                 f"{_hms(span.get('end'))[1]} UTC of trace, the costliest first" if span else "straggle episodes")
+        out.append(table_text(EPISODE_COLUMNS, episode_rows(report), title=title, width=width))
+        out.append(f"episode 1 — {episode_headline(report.episodes[0])}:")
+        out.append("")
     for i, f in enumerate(report.findings, 1):
         out.append(f"{i}. [{f.severity.upper()}] {f.summary}")
         if f.numbers:
@@ -57,15 +111,29 @@ def to_text(report, show_sql=True, width=None):
         out.append("")
     if report.nodes:
         out.append(table_text(NODE_COLUMNS, [_node_row(n) for n in report.nodes],
-                                     title="per rank: share of the calling thread's time (recent window)",
-                                     width=width))
+                              title="per rank: share of the calling thread's time "
+                                    + ("(episode 1)" if report.episodes else "(recent window)"), width=width))
+    for n, e in enumerate(report.episodes[1:], 2):
+        out.append(f"episode {n} — {episode_headline(e)}:")
+        for f in e.get("findings", []):
+            if f["cause"] in ("straggler", "waiters"):
+                continue
+            out.append(f"   [{f['severity'].upper()}] {f['summary']}")
+            if f.get("recommendation"):
+                out.append(f"      recommendation: {f['recommendation']}")
+        out.append("")
     for m in report.missing:
         out.append(f"missing: {m['node']} ({m['status']}): {m['message']}")
     return "\n".join(out).rstrip() + "\n"
 
+
 def to_markdown(report):
     out = ["# straggler explain", "", f"Source: {report.source}", "",
            f"**Straggler: {report.straggler}**" if report.straggler else "**No straggler found.**", ""]
+    if report.episodes:
+        out += ["## Straggle episodes", "", "The costliest first; times UTC on the fleet timeline.", "",
+                table_markdown(EPISODE_COLUMNS, episode_rows(report)), f"Episode 1: {episode_headline(report.episodes[0])}.",
+                ""]
     for i, f in enumerate(report.findings, 1):
         out.append(f"## {i}. {f.severity.upper()}: {f.cause} — {f.node or 'fleet'}")
         out.append("")
@@ -108,11 +176,14 @@ def to_junit(report):
         if name in seen:       # several ranks on one node: one case per node
             continue
         seen.add(name)
-        body = "\n".join(f"[{f.severity}] {f.summary}" for f in by_node.get(name, []))
+        episodes = [e for e in report.episodes if name in (e.get("nodes") or [e["node"]])]
+        body = "\n".join([f"episode: {episode_headline(e)}" for e in episodes]
+                         + [f"[{f.severity}] {f.summary}" for f in by_node.get(name, [])])
         if name in named:
-            main = next(f for f in report.findings if f.cause == "straggler" and f.node == name)
+            main = next((f.summary for f in report.findings if f.cause == "straggler" and f.node == name),
+                        None) or (episode_headline(episodes[0]) if episodes else f"{name} is a straggler")
             cases.append(f'  <testcase classname="straggler.explain" name="{_x(name)} is not the straggler">\n'
-                         f'    <failure message="{_x(main.summary)}" type="straggler">{_x(body)}</failure>\n'
+                         f'    <failure message="{_x(main)}" type="straggler">{_x(body)}</failure>\n'
                          f'  </testcase>')
         else:
             cases.append(f'  <testcase classname="straggler.explain" name="{_x(name)} is not the straggler">'
