@@ -153,7 +153,7 @@ def cost(bed, out, seconds, log):
             per_agent = agent_cpu(h, case.t_fault_ns, case.t_fault_end_ns)
         finally:
             h.close()
-        from straggler.status import collect_status
+        from straggler.store.status import collect_status
         summaries = {host: collect_status(db).get("summary_cpu_percent") for host, db in h.agent_dbs.items()}
         values = [v for v in per_agent.values() if v is not None]
         results[label] = dict(per_agent_cpu_pct=per_agent, mean_cpu_pct=round(statistics.mean(values), 3) if values else None,

@@ -22,7 +22,7 @@ from straggler import pki
 from straggler.api.server import start_background
 from straggler.errors import StragglerError
 from straggler.fleet.client import fleet_query
-from straggler.status import collect_status
+from straggler.store.status import collect_status
 from straggler.store.schema import SCHEMA_VERSION
 from straggler.tls import TLSError, TLSOptions, client_context, server_context
 

@@ -7,7 +7,7 @@ Routes (JSON unless noted; role = what the client certificate must grant, see tl
                          that is refused or fails (kind: rejected|sql-error|timeout)           role query
   GET  /api/v1/clock     -> {"node","realtime_ns","monotonic_ns","pairs":[[mono_ns, real_ns], ...]}
                          (?pairs=N: the last N stored clock pairs, 0 for none; the clock is read last)  query
-  GET  /api/v1/health    -> straggler.status.collect_status() of the served database            query
+  GET  /api/v1/health    -> store.status.collect_status() of the served database            query
   GET  /api/v1/live      -> store.live.live_summary(): the step-time model's rows since ?since=NS
                          (node CLOCK_MONOTONIC ns), for `straggler watch`; with the node's clocks  query
   GET  /metrics          -> Prometheus metrics of the node (api/metrics.py; text exposition)   query
@@ -275,7 +275,7 @@ class _App:
             return []
 
     def health(self, query):
-        from ..status import collect_status
+        from ..store.status import collect_status
         status = collect_status(self.db_path)
         status["db_node"] = status.get("node")
         status["node"] = self.node

@@ -1,22 +1,20 @@
-"""What an agent is doing, read from its own store: `straggler status` and GET /api/v1/health.
+"""What an agent is doing, read from its own store: the dict `straggler status` (straggler.cli.status)
+and GET /api/v1/health show.
 
 Everything comes from the store's tables (meta, processes, probes, agent_cost, lost_events)
 through a read-only connection, so it works on a live node, on a snapshot, and with the agent
 stopped. Rates are over the last few agent_cost intervals.
 
-This module must not write to the database and must not talk to the network.
+This module must not write to the database, must not talk to the network, and prints nothing.
 """
-import json
 import os
 import sqlite3
-import sys
 import time
 
-from . import __version__
-from .errors import StragglerError
-from .text import fmt_bytes
-from .store.query import DEFAULT_DB, open_readonly
-from .store.schema import SCHEMA_VERSION
+from .. import __version__
+from ..errors import StragglerError
+from .query import open_readonly
+from .schema import SCHEMA_VERSION
 
 RECENT_INTERVALS = 6          # rates over the last N agent_cost intervals
 RECENT_LOST_WINDOW_NS = 60 * 10**9
@@ -149,48 +147,3 @@ def _lost(conn):
         "SELECT probe, SUM(count) FROM lost_events GROUP BY probe ORDER BY probe")}
     return out
 
-
-def format_status(status):
-    def show(value, fmt="{}"):
-        return "-" if value is None else fmt.format(value)
-    lines = [
-        ("node", show(status["node"])),
-        ("ranks", ", ".join(str(r) for r in status["ranks"]) or "-"),
-        ("agent version", show(status["agent_version"])),
-        ("schema version", f"{show(status['schema_version'])} (this straggler reads {status['schema_version_supported']})"),
-        ("probes attached", str(status["probes_attached"])),
-        ("events/s", show(status["events_per_s"])),
-        ("probe hits/s", show(status["probe_hits_per_s"])),
-        ("agent CPU", show(status["agent_cpu_percent"], "{}% of one core (probes, writer, summaries, API)")),
-        ("step-time summaries", "-" if status.get("summary_interval_s") is None else
-         f"every {status['summary_interval_s']:g} s" + ("" if status.get("summary_age_s") is None else
-                                                       f", newest {status['summary_age_s']:g} s old")
-         + ("" if status.get("summary_cpu_percent") is None else
-            f", {status['summary_cpu_percent']:g}% of one core to make")),
-        ("agent RSS", fmt_bytes(status["agent_rss_bytes"])),
-        ("lost events", f"{status['lost_events_total']} total, {status['lost_events_recent']} in the last minute"),
-        ("DB size", f"{fmt_bytes(status['db_size_bytes'])} (WAL {fmt_bytes(status['wal_bytes'])})"),
-    ]
-    return [list(row) for row in lines]
-
-
-def add_arguments(parser):
-    parser.add_argument("--db", "-d", default=DEFAULT_DB, help=f"the node's database (default {DEFAULT_DB})")
-    parser.add_argument("--json", action="store_true", help="print the status as JSON")
-
-
-def run(args):
-    status = collect_status(args.db)
-    if args.json:
-        sys.stdout.write(json.dumps(status, indent=2) + "\n")
-        return 0
-    from . import render
-    render.print_table(["", "value"], format_status(status), title=f"straggler status: {args.db}")
-    if status["probes"]:
-        render.print_table(["probe", "library"], [[p["name"], p["library"] or ""] for p in status["probes"]])
-    if status["libraries"]:
-        render.print_table(["library", "functions attached", "expected but missing"],
-                           [[lib, str(len(v["attached"])), ", ".join(v["missing"]) or "-"]
-                            for lib, v in sorted(status["libraries"].items())],
-                           title="traced libraries")
-    return 0
