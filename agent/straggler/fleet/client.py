@@ -23,7 +23,7 @@ with the node's own name on every row, a status for every node, and each node's 
 
 This module talks to agents and combines their answers by the one rule in fleet/combine.py (the
 same as the collection's aggregate); it must not judge SQL (the agents do, with
-store/query.py) and must not render anything (fleet/cli.py does).
+store/query.py) and must not render anything (cli/fleet.py does).
 """
 import errno
 import http.client
