@@ -335,3 +335,29 @@ def test_a_missing_crl_given_with_dash_dash_crl_is_one_line(fleet, tmp_path):
     explicit = ServerContextCache(fleet.server_options("--crl", str(fleet.dir / "crl.pem"))).current()
     assert explicit.verify_flags & ssl.VERIFY_CRL_CHECK_LEAF
     assert TLSOptions().crl_path == DEFAULT_CRL
+
+
+def test_the_pki_commands_reach_the_user_without_a_warning(tmp_path):
+    """Every action, each run twice (the second reads what the first wrote: the CA's and a
+    certificate's expiry, the CRL's nextUpdate and its entries' revocation dates), with every
+    warning an error: cryptography's deprecated naive-datetime properties (a
+    CryptographyDeprecationWarning, a UserWarning) or any DeprecationWarning would fail it."""
+    directory = str(tmp_path / "p")
+    steps = [("init",), ("issue", "--name", "agent", "--san", ADDRESS), ("issue", "--client", "laptop"),
+             ("revoke", "laptop"), ("crl",), ("crl", "--force", "--json")]
+    for action, *rest in steps + steps:
+        out = subprocess.run([sys.executable, "-W", "error", "-m", "straggler.cli", "pki", action, "--dir", directory,
+                              *rest], capture_output=True, text=True, timeout=60, env=venv_env(), cwd=REPO)
+        assert out.returncode == 0 and out.stderr == "", (action, rest, out.stderr[-2000:])
+        assert out.stdout.strip()
+
+
+def test_dates_from_a_cryptography_without_the_utc_properties_are_read_as_utc():
+    """cryptography before 42 has only the naive properties (in UTC): pki reads them as aware UTC."""
+    import types
+    naive = datetime.datetime(2030, 1, 2, 3, 4, 5)
+    older = types.SimpleNamespace(not_valid_after=naive, next_update=None)
+    assert pki._utc_time(older, "not_valid_after") == naive.replace(tzinfo=datetime.timezone.utc)
+    assert pki._utc_time(older, "next_update") is None
+    newer = types.SimpleNamespace(not_valid_after_utc=naive.replace(tzinfo=datetime.timezone.utc))
+    assert pki._utc_time(newer, "not_valid_after").tzinfo is datetime.timezone.utc

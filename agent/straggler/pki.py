@@ -12,11 +12,12 @@ certificate that this CA signed, with the same SANs, kind and roles, not revoked
 expiry; `revoke` and `write_crl` change the CRL only when needed. Each reports changed /
 unchanged (the Ansible pki role relies on that). Uses the `cryptography` package (controller side).
 
-This module must not be imported by the agent core at start-up (only by `straggler pki`).
+Times are timezone-aware (UTC) throughout. This module must not be imported by the agent core at
+start-up (only by `straggler pki`, straggler.cli.pki, which renders what it returns); it holds no
+argparse and prints nothing.
 """
 import datetime
 import ipaddress
-import json
 import os
 import re
 import tempfile
@@ -57,12 +58,19 @@ def _now():
     return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
 
 
-def _utc(value):
-    return value.replace(tzinfo=datetime.timezone.utc) if value is not None and value.tzinfo is None else value
+def _utc_time(obj, name):
+    """obj.<name> (a certificate's not_valid_after, a CRL's next_update, a revoked entry's
+    revocation_date) as an aware UTC datetime, or None: cryptography's `<name>_utc` (42 and later;
+    the naive properties are deprecated there), else the naive value, which is UTC."""
+    try:
+        return getattr(obj, name + "_utc")
+    except AttributeError:
+        value = getattr(obj, name)
+        return value.replace(tzinfo=datetime.timezone.utc) if value is not None else None
 
 
 def _not_after(cert):
-    return _utc(cert.not_valid_after)
+    return _utc_time(cert, "not_valid_after")
 
 
 def _write_atomic(path, data: bytes, mode: int):
@@ -427,7 +435,7 @@ def _sign_crl(directory, ca_cert, ca_key, entries, number):
 def _crl_summary(directory, crl, changed):
     return {"changed": changed, "crl": _crl_path(directory),
             "revoked_serials": sorted(_serial_hex(e.serial_number) for e in crl),
-            "next_update": _utc(crl.next_update).isoformat()}
+            "next_update": _utc_time(crl, "next_update").isoformat()}
 
 
 def _revoked_files(directory, ca_cert):
@@ -459,15 +467,15 @@ def _ensure_crl(directory, ca_cert, ca_key, add=None, force=False):
     DIR/revoked/) and is not close to its nextUpdate; otherwise re-sign it with its entries plus
     those. Returns _crl_summary."""
     crl = _crl_of_ca(directory, ca_cert)
-    entries = {e.serial_number: _utc(e.revocation_date) for e in crl} if crl is not None else {}
+    entries = {e.serial_number: _utc_time(e, "revocation_date") for e in crl} if crl is not None else {}
     for serial, when in _revoked_files(directory, ca_cert).items():
         if serial not in entries:
             entries[serial] = when
             force = True
     missing = {serial for serial in (add or ()) if serial not in entries}
-    if (not force and crl is not None and not missing
-            and _utc(crl.next_update) is not None
-            and _utc(crl.next_update) - _now() > datetime.timedelta(days=CRL_RENEW_BEFORE_DAYS)):
+    next_update = _utc_time(crl, "next_update") if crl is not None else None
+    if (not force and crl is not None and not missing and next_update is not None
+            and next_update - _now() > datetime.timedelta(days=CRL_RENEW_BEFORE_DAYS)):
         return _crl_summary(directory, crl, False)
     now = _now()
     entries.update({serial: now for serial in missing})
@@ -570,82 +578,3 @@ def revoke(directory, names=(), serials=(), check=False):
     summary["revoked"] = items
     return summary
 
-
-# ---------------------------------------------------------------- CLI
-
-def add_arguments(parser):
-    sub = parser.add_subparsers(dest="pki_command", metavar="ACTION")
-    p_init = sub.add_parser("init", help="create the fleet CA (DIR/ca.crt, DIR/ca.key) unless a valid one exists")
-    p_init.add_argument("--dir", required=True, help="directory for the CA and certificates")
-    p_init.add_argument("--name", default="straggler fleet CA", help="the CA's common name")
-    p_init.add_argument("--force", action="store_true", help="replace an existing CA (every certificate must be reissued)")
-    p_init.add_argument("--json", action="store_true", help="print a JSON summary with 'changed'")
-    p_issue = sub.add_parser("issue", help="issue DIR/NAME.crt and DIR/NAME.key signed by DIR's CA")
-    p_issue.add_argument("--dir", required=True, help="directory holding ca.crt and ca.key")
-    p_issue.add_argument("--name", help="certificate name: the node name, or e.g. 'controller'")
-    p_issue.add_argument("--san", action="append", default=[], metavar="IP|DNS",
-                         help="subject alternative name (repeat, or comma-separated): the addresses clients connect to")
-    p_issue.add_argument("--client", nargs="?", const=True, default=False, metavar="NAME",
-                         help="a client certificate (fleet client) instead of a server one; `--client NAME` is "
-                              "short for `--name NAME --client`")
-    p_issue.add_argument("--role", action="append", choices=ROLES, default=None, dest="roles",
-                         help="client certificate: a role it grants (repeat): 'query' (read-only SQL, clock, health, "
-                              "live, metrics), 'snapshot' (the whole store); default both. A certificate with other "
-                              "roles is re-issued")
-    p_issue.add_argument("--force", action="store_true", help="reissue even if a matching certificate exists")
-    p_issue.add_argument("--json", action="store_true", help="print a JSON summary with 'changed'")
-    p_revoke = sub.add_parser("revoke", help="revoke certificates: add them to DIR/crl.pem (signed by DIR's CA)")
-    p_revoke.add_argument("--dir", required=True, help="directory holding ca.crt and ca.key")
-    p_revoke.add_argument("names", nargs="*", metavar="NAME", help="certificate name (DIR/NAME.crt); repeatable")
-    p_revoke.add_argument("--serial", action="append", default=[], metavar="HEX",
-                          help="revoke by serial number (hexadecimal, as `openssl x509 -noout -serial` prints it)")
-    p_revoke.add_argument("--check", action="store_true", help="only report whether anything would change")
-    p_revoke.add_argument("--json", action="store_true", help="print a JSON summary with 'changed'")
-    p_crl = sub.add_parser("crl", help="(re)write DIR/crl.pem, the CA's revocation list, when missing or near nextUpdate")
-    p_crl.add_argument("--dir", required=True, help="directory holding ca.crt and ca.key")
-    p_crl.add_argument("--force", action="store_true", help="re-sign even if the current CRL is fine")
-    p_crl.add_argument("--json", action="store_true", help="print a JSON summary with 'changed'")
-
-
-def run(args):
-    if args.pki_command == "init":
-        summary = init_ca(args.dir, common_name=args.name, force=args.force)
-        what = f"CA {summary['ca_cert']}"
-    elif args.pki_command == "issue":
-        name = args.name
-        if isinstance(args.client, str):
-            if name and name != args.client:
-                raise PKIError(f"--client {args.client} and --name {name} disagree; give the name once")
-            name = args.client
-        if not name:
-            raise PKIError("say which certificate: --name NAME (or --client NAME for a client certificate)")
-        summary = issue(args.dir, name, args.san, kind="client" if args.client else "server", force=args.force,
-                        roles=args.roles)
-        roles = f"; roles {', '.join(summary['roles'])}" if summary["roles"] else ""
-        what = f"{summary['kind']} certificate {summary['cert']} ({', '.join(summary['sans']) or 'no SAN'}{roles})"
-    elif args.pki_command == "revoke":
-        summary = revoke(args.dir, names=args.names, serials=args.serial, check=args.check)
-        if args.json:
-            print(json.dumps(summary, indent=2))
-            return 0
-        for item in summary["revoked"]:
-            label = item["name"] or "certificate"
-            verb = ("would revoke" if args.check else "revoked") if item["changed"] else "unchanged"
-            suffix = "" if item["changed"] else " (already revoked)"
-            print(f"{verb}: {label} serial {item['serial']}{suffix}, CRL {summary['crl']}")
-        return 0
-    elif args.pki_command == "crl":
-        summary = write_crl(args.dir, force=args.force)
-        if not args.json:
-            print(f"{'created' if summary['changed'] else 'unchanged'}: CRL {summary['crl']} "
-                  f"({len(summary['revoked_serials'])} revoked), valid until {summary['next_update']}")
-            return 0
-        what = None
-    else:
-        raise PKIError("say what to do: `straggler pki init --dir D`, `straggler pki issue --dir D --name N --san IP`, "
-                       "`straggler pki revoke --dir D NAME` or `straggler pki crl --dir D`")
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        print(f"{'created' if summary['changed'] else 'unchanged'}: {what}, valid until {summary['not_after']}")
-    return 0
