@@ -7,17 +7,18 @@ address gets brackets); the port is its `straggler_agent_port` (the variable the
 listens on), else the caller's default port (7433 unless told otherwise: `--port`, the actions'
 `port` option). A host's variables are resolved as Ansible does for these inventories: `[all:vars]`,
 then each group's vars (`[group:vars]` / `vars:`), parents before children (by depth, then name),
-then the host's own.
+then the host's own. How an address is written and checked (IPv6 in brackets, the port range) is
+the one host:port rule of straggler.addresses.
 
 parse_nodes reads 'h:p,h2:p', lists of those, and files: one address a line, or an Ansible
 inventory (INI or YAML). No network, no Ansible imports.
 """
-import ipaddress
 import os
 import re
 import shlex
 
 from .. import defaults
+from ..addresses import format_address, parse_address, parse_host, parse_port
 from ..errors import StragglerError
 
 DEFAULT_PORT = defaults.AGENT_PORT
@@ -41,37 +42,13 @@ def expand_range(name):
 
 
 def normalize_address(text, default_port=DEFAULT_PORT):
-    """'h', 'h:p', '[v6]:p', 'v6' -> 'h:p' / '[v6]:p'."""
-    text = str(text).strip()
-    if not text:
-        raise StragglerError("empty node address; use host:port")
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port = rest.lstrip(":") or str(default_port)
-        if not port.isdigit():
-            raise StragglerError(f"node {text!r}: port must be a number")
-        return f"[{host}]:{int(port)}"
-    if text.count(":") > 1:
-        try:
-            ipaddress.IPv6Address(text)
-            return f"[{text}]:{default_port}"
-        except ValueError:
-            raise StragglerError(f"node {text!r}: write IPv6 addresses as [addr]:port") from None
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        return f"{text}:{default_port}"
-    if not port.isdigit() or not host:
-        raise StragglerError(f"node {text!r}: use host:port with a numeric port")
-    return f"{host}:{int(port)}"
+    """'h', 'h:p', '[v6]:p', 'v6' -> 'h:p' / '[v6]:p' (the host:port rule of straggler.addresses)."""
+    return str(parse_address(text, default_port, what="node"))
 
 
 def split_address(address):
     """'h:p' / '[v6]:p' -> (host, port)."""
-    if address.startswith("["):
-        host, _, rest = address[1:].partition("]")
-        return host, int(rest.lstrip(":"))
-    host, _, port = address.rpartition(":")
-    return host, int(port)
+    return tuple(parse_address(address, DEFAULT_PORT, what="node"))
 
 
 def agent_address(name, host_vars=None, default_port=DEFAULT_PORT):
@@ -79,17 +56,13 @@ def agent_address(name, host_vars=None, default_port=DEFAULT_PORT):
     ansible_host else the name; straggler_agent_port else `default_port`. See the module docstring."""
     host_vars = host_vars or {}
     host = str(host_vars.get(HOST_VARIABLE) or name).strip()
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
     port = host_vars.get(PORT_VARIABLE)
     if port is None or str(port).strip() == "":
         port = default_port
-    port_text = str(port).strip()
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise StragglerError(f"host {name}: {PORT_VARIABLE}={port!r} is not a port number (1-65535)")
+    port = parse_port(port, f"host {name}: {PORT_VARIABLE}={port!r}")
     if not host:
         raise StragglerError(f"host {name!r}: no address (empty {HOST_VARIABLE})")
-    return f"[{host}]:{int(port_text)}" if ":" in host else f"{host}:{int(port_text)}"
+    return format_address(parse_host(host, f"host {name}: {HOST_VARIABLE}"), port)
 
 
 # ---------------------------------------------------------------- inventories
