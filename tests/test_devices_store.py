@@ -65,8 +65,8 @@ def test_the_writer_writes_the_device_tables(tmp_path):
     db = str(tmp_path / "s.db")
     writer = StoreWriter(db, "n1")
     writer.start()
-    writer.submit("gpus", [("n1", 0, "GPU-a", "Stand-in", "0000:c1:00.0", 10, 10)])
-    writer.submit("gpus", [("n1", 0, "GPU-a", "Stand-in", "0000:c1:00.0", 10, 99)])   # last_seen moves on
+    writer.submit("gpus", [("n1", 0, "GPU-a", "Stand-in", "0000:c1:00.0", 0, 10, 10)])
+    writer.submit("gpus", [("n1", 0, "GPU-a", "Stand-in", "0000:c1:00.0", 0, 10, 99)])   # last_seen moves on
     writer.submit("gpu_samples", [sample_row("n1", 100, 0, 990)])
     writer.submit("gpu_processes", [("n1", 4242, 0, "GPU-a", 3, "nvml", 1 << 30, 50, 50)])
     writer.submit("gpu_processes", [("n1", 4242, 0, "GPU-a", 3, "nvml", 1 << 30, 50, 80)])

@@ -110,6 +110,7 @@ CREATE TABLE IF NOT EXISTS gpus (
     uuid        TEXT    NOT NULL,          -- 'GPU-8b2f...': stable across reboots and index changes
     name        TEXT,                      -- product name, e.g. 'NVIDIA H100 80GB HBM3'
     pci_bus_id  TEXT,                      -- 'dddd:bb:dd.f', lower case (Xid lines name 'dddd:bb:dd')
+    minor       INTEGER,                   -- the N of its device file /dev/nvidiaN
     ts          INTEGER NOT NULL,          -- first seen, ns monotonic
     last_seen   INTEGER,                   -- ns monotonic
     PRIMARY KEY (node, gpu, uuid)
@@ -161,7 +162,7 @@ CREATE INDEX IF NOT EXISTS gpu_samples_node_gpu_ts ON gpu_samples(node, gpu, ts)
 CREATE TABLE IF NOT EXISTS gpu_processes (
     node        TEXT    NOT NULL,
     pid         INTEGER NOT NULL,
-    gpu         INTEGER NOT NULL,          -- NVML index (for 'fd': the N of /dev/nvidiaN, the device minor)
+    gpu         INTEGER NOT NULL,          -- NVML index ('fd' without NVML: the N of /dev/nvidiaN)
     uuid        TEXT,                      -- gpus.uuid, when NVML is read
     rank        INTEGER,                   -- torchrun RANK of the process, NULL if unknown
     how         TEXT    NOT NULL,          -- 'nvml' | 'fd'

@@ -39,7 +39,8 @@ TABLE_INSERTS = {
                  "master_addr, master_port, first_seen, last_seen, exited) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     "probes": "INSERT OR REPLACE INTO probes(node, name, library, attached_at) VALUES (?, ?, ?, ?)",
     # the devices (straggler.devices): GPU_SAMPLE_COLUMNS is the order of a gpu_samples row
-    "gpus": "INSERT OR REPLACE INTO gpus(node, gpu, uuid, name, pci_bus_id, ts, last_seen) VALUES (?, ?, ?, ?, ?, ?, ?)",
+    "gpus": "INSERT OR REPLACE INTO gpus(node, gpu, uuid, name, pci_bus_id, minor, ts, last_seen) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
     "gpu_samples": "INSERT INTO gpu_samples(" + ", ".join(schema.GPU_SAMPLE_COLUMNS) + ") VALUES ("
                    + ", ".join(["?"] * len(schema.GPU_SAMPLE_COLUMNS)) + ")",
     "gpu_processes": "INSERT OR REPLACE INTO gpu_processes(node, pid, gpu, uuid, rank, how, mem_used_bytes, first_seen, "
