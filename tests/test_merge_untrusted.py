@@ -179,7 +179,7 @@ def test_the_deadline_stops_a_merge_that_runs_the_inputs_sql(node_dbs, tmp_path)
     script = textwrap.dedent(f"""
         import sys
         from straggler.analysis import merge as m
-        m._vet_schema = lambda conn, path, schema_name="main": set(m.READ_OBJECTS)   # the check switched off
+        m.vetting.vet_schema = lambda conn, path, schema_name="main": set(m.READ_OBJECTS)   # the check switched off
         try:
             m.merge([{node_dbs[0]!r}, {crafted!r}], {str(out)!r}, deadline_s=0.5)
         except m.MergeError as exc:
@@ -210,7 +210,7 @@ def test_the_progress_handler_alone_stops_a_running_statement(node_dbs, tmp_path
     """No check between steps: the deadline passes while SQLite copies rows, and the progress
     handler aborts the statement."""
     monkeypatch.setattr(merge_mod.Deadline, "check", lambda self: None)
-    monkeypatch.setattr(merge_mod, "PROGRESS_OPS", 100)
+    monkeypatch.setattr(merge_mod.deadline, "PROGRESS_OPS", 100)
     out = tmp_path / "cluster.db"
     with pytest.raises(MergeError, match=r"^merge stopped after 1e-06 s \(--deadline\): still checking ") as err:
         merge(node_dbs, str(out), deadline_s=1e-6)

@@ -1,0 +1,236 @@
+"""Vetting merge's untrusted inputs (they come from the nodes): before any statement reads `meta` or
+a node table, the input's sqlite_master (plain data) is checked — each object merge reads must be
+a plain table (not a view, a virtual table, or a table with virtual generated columns) and the
+input must hold no trigger — so an input cannot make merge run SQL of its own. Connections to an
+input run with `trusted_schema=OFF`, `query_only`, `cell_size_check` and, where Python offers it
+(3.12+), SQLite's defensive mode. Every meta value merge uses is type-checked (schema_version an
+integer, node a node name, nodes a JSON list of node names), and so are the clock values it
+computes with (input_clock_pairs, input_offsets).
+
+Holds the checks and the checked reads only; must not write anything, plan names or copy rows.
+"""
+import json
+import os
+import re
+import sqlite3
+import unicodedata
+import urllib.parse
+
+from ... import clock
+from ...store import schema
+from ...text import one_line
+from .errors import MergeError, show
+
+# The node tables merge reads and copies (all carry a node column), in dependency-free order.
+NODE_TABLES = ("clock_pairs", "clock_offsets", "processes", "probes", "lost_events", "agent_cost",
+               "aggregates", "thread_time", "events")
+# Everything merge reads from an input: each must be a plain table (or absent, for NODE_TABLES).
+READ_OBJECTS = ("meta",) + NODE_TABLES
+SQLITE_HEADER = b"SQLite format 3\x00"
+MAX_NODE_NAME = 255
+MAX_NODES_PER_INPUT = 100_000
+MAX_NODES_JSON = 1 << 20            # bytes of meta `nodes` parsed at most
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+_PLAIN_TABLE_SQL = re.compile(r"\s*CREATE\s+TABLE\b", re.IGNORECASE)
+_VERSION_TEXT = re.compile(r"[0-9]{1,9}")
+_BAD_CATEGORIES = ("Cc", "Cf", "Cs", "Zl", "Zp")   # control, format (bidi), surrogates, line breaks
+_NODE_NAME_FORBIDDEN = frozenset(':"\'`\\[]{}')
+
+
+def ro_uri(path):
+    """The read-only URI merge opens (or attaches) a database by."""
+    return "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+
+
+def harden(conn, read_only):
+    """Settings for a connection that reads untrusted databases: the schema may not call functions
+    or virtual tables that are not innocuous, corrupt pages are caught early, and (Python 3.12+)
+    SQLite's defensive mode. The read-only input connection also refuses any write."""
+    conn.execute("PRAGMA trusted_schema=OFF")
+    conn.execute("PRAGMA cell_size_check=ON")
+    if read_only:
+        conn.execute("PRAGMA query_only=ON")
+    defensive = getattr(sqlite3, "SQLITE_DBCONFIG_DEFENSIVE", None)
+    if defensive is not None and hasattr(conn, "setconfig"):
+        conn.setconfig(defensive, True)
+
+
+def node_name_problem(name):
+    """Why `name` cannot be a node name (None when it can): non-empty text of at most MAX_NODE_NAME
+    characters, without whitespace or ':' (event ids are NODE:SEQ, as the agent's --node demands),
+    without quotes, brackets or braces (no JSON or SQL in disguise), and without control, format or
+    line-break characters."""
+    if not isinstance(name, str):
+        return "a node name (text)"
+    if not name:
+        return "a non-empty node name"
+    if len(name) > MAX_NODE_NAME:
+        return f"a node name of at most {MAX_NODE_NAME} characters"
+    if any(unicodedata.category(ch) in _BAD_CATEGORIES for ch in name):
+        return "a node name without control characters"
+    if any(ch.isspace() or ch in _NODE_NAME_FORBIDDEN for ch in name):
+        return "a node name without spaces, ':', quotes, brackets or braces"
+    return None
+
+
+def _check_node_name(name, path, where):
+    problem = node_name_problem(name)
+    if problem:
+        raise MergeError(f"{path}: {where} is {show(name)}; expected {problem}")
+    return name
+
+
+def vet_schema(conn, path, schema_name="main"):
+    """Refuse an input that could run SQL of its own when merge reads it; return the tables of
+    READ_OBJECTS it has. Reads only sqlite_master (plain data) and table_xinfo (the parsed schema)."""
+    present = set()
+    for kind, name, sql in conn.execute(f"SELECT type, name, sql FROM {schema_name}.sqlite_master"):
+        if kind == "trigger":
+            raise MergeError(f"{path}: holds trigger {show(name)}; refusing an input that would run its own SQL")
+        lowered = name.translate(_ASCII_LOWER) if isinstance(name, str) else None
+        if lowered not in READ_OBJECTS:
+            continue
+        if kind == "table" and not (isinstance(sql, str) and _PLAIN_TABLE_SQL.match(sql)):
+            kind = "virtual table"
+        if kind != "table":
+            what = {"view": "a view", "index": "an index", "virtual table": "a virtual table"}.get(kind, show(kind, 20))
+            raise MergeError(f"{path}: `{lowered}` is {what}, not a table; refusing an input that would run its own SQL")
+        present.add(lowered)
+    for table in sorted(present):
+        for row in conn.execute(f"PRAGMA {schema_name}.table_xinfo({table})"):
+            # hidden 2: a VIRTUAL generated column, computed by its own SQL when read (events.id is
+            # one in every store, and merge never reads it)
+            if len(row) > 6 and row[6] == 2 and not (table == "events" and row[1] == "id"):
+                raise MergeError(f"{path}: column {show(row[1])} of `{table}` is computed by its own SQL "
+                                 f"(a generated column); refusing an input that would run its own SQL")
+    if "meta" not in present:
+        raise MergeError(f"{path}: not a straggler database (no table meta)")
+    return present
+
+
+def read_meta(conn, path, schema_name="main"):
+    """The input's meta as {key: value}, every key checked; the values merge uses are checked too."""
+    meta = {}
+    for key, value in conn.execute(f"SELECT key, value FROM {schema_name}.meta"):
+        if not isinstance(key, str) or not key or any(unicodedata.category(ch) in _BAD_CATEGORIES for ch in key):
+            raise MergeError(f"{path}: meta has a key {show(key)}; expected non-empty text without control characters")
+        if key in meta:
+            raise MergeError(f"{path}: meta key {key!r} appears twice; expected one row per key")
+        meta[key] = value
+    version = meta.get("schema_version")
+    if version is None:
+        raise MergeError(f"{path}: not a straggler database (no schema_version in table meta)")
+    if not ((type(version) is int and version >= 0)
+            or (isinstance(version, str) and _VERSION_TEXT.fullmatch(version))):
+        raise MergeError(f"{path}: meta key schema_version is {show(version)}; expected an integer (a schema version)")
+    if int(version) > schema.SCHEMA_VERSION:
+        raise MergeError(f"{path}: schema version {int(version)} is newer than this straggler understands "
+                         f"({schema.SCHEMA_VERSION}); upgrade straggler")
+    if "node" in meta:
+        _check_node_name(meta["node"], path, "meta key node")
+    if "nodes" in meta:
+        meta["nodes"] = _parse_nodes(meta["nodes"], path)
+    return meta
+
+
+def _parse_nodes(value, path):
+    expected = "expected a JSON list of node names"
+    if not isinstance(value, str) or len(value) > MAX_NODES_JSON:
+        raise MergeError(f"{path}: meta key nodes is {show(value)}; {expected}")
+    try:
+        names = json.loads(value)
+    except (ValueError, RecursionError):
+        raise MergeError(f"{path}: meta key nodes is {show(value)}, not JSON; {expected}") from None
+    if not isinstance(names, list):
+        raise MergeError(f"{path}: meta key nodes is {show(value)}; {expected}")
+    for name in names:
+        _check_node_name(name, path, "a name in meta key nodes")
+    return names
+
+
+def inspect_input(path, deadline=None):
+    """Check one input (exists, SQLite, only plain tables where merge reads, sound meta) and list the
+    nodes it holds. `deadline`: a merge.deadline.Deadline watching the reads, or None."""
+    if not os.path.isfile(path):
+        raise MergeError(f"{path}: no such file; pass node databases written by `straggler trace` or `straggler snapshot`")
+    with open(path, "rb") as fh:
+        header = fh.read(len(SQLITE_HEADER))
+    if header != SQLITE_HEADER:
+        raise MergeError(f"{path}: not an SQLite database; pass node databases written by `straggler trace` or `straggler snapshot`")
+    try:
+        conn = sqlite3.connect(ro_uri(path), uri=True)
+    except sqlite3.Error as exc:
+        raise MergeError(f"{path}: cannot open read-only ({exc}); copy it with `straggler snapshot` first")
+    try:
+        try:
+            if deadline is not None:
+                deadline.where = f"checking {path}"
+                deadline.watch(conn)
+            harden(conn, read_only=True)
+            conn.execute("BEGIN")                  # one snapshot for the checks and the reads
+            tables = vet_schema(conn, path)
+            meta = read_meta(conn, path)
+            return _nodes_of(conn, path, tables, meta)
+        except sqlite3.DatabaseError as exc:
+            if deadline is not None and deadline.hit:
+                raise deadline.error() from None
+            raise MergeError(f"{path}: unreadable or corrupt database ({one_line(exc)}); take a fresh copy with "
+                             f"`straggler snapshot`") from None
+    finally:
+        conn.close()
+
+
+def _nodes_of(conn, path, tables, meta):
+    """Node names an input holds: meta, the small tables, and the first and last event."""
+    nodes = {}                                 # an ordered set
+
+    def add(name, where):
+        if name is not None and name not in nodes:
+            _check_node_name(name, path, where)
+            if len(nodes) >= MAX_NODES_PER_INPUT:
+                raise MergeError(f"{path}: holds more than {MAX_NODES_PER_INPUT} node names; is it a straggler database?")
+            nodes[name] = True
+
+    for name in meta.get("nodes") or ():
+        add(name, "a name in meta key nodes")
+    add(meta.get("node"), "meta key node")
+    for table in ("clock_pairs", "processes", "probes", "agent_cost", "lost_events"):
+        if table in tables:
+            for (name,) in conn.execute(f"SELECT DISTINCT node FROM {table}"):
+                add(name, f"a node in {table}")
+    if "events" in tables:
+        for order in ("ASC", "DESC"):
+            row = conn.execute(f"SELECT node FROM events ORDER BY rowid {order} LIMIT 1").fetchone()
+            add(row[0] if row else None, "a node in events")
+    if not nodes:
+        raise MergeError(f"{path}: holds no node (empty meta and tables); is it a straggler database?")
+    return list(nodes)
+
+
+def input_offsets(conn, path, nodes, schema_name="src"):
+    """{node: (offset_ns, uncertainty_ns, measured_at)}: the input's latest clock_offsets row per node
+    of `nodes`, each value an integer (clock.as_int_ns) or the input is refused."""
+    rows = conn.execute(f"SELECT node, offset_ns, uncertainty_ns, measured_at FROM {schema_name}.clock_offsets "
+                        f"ORDER BY measured_at").fetchall()
+    latest = {}
+    for node, off, unc, at in rows:
+        if node not in nodes:
+            continue
+        values = [clock.as_int_ns(v) for v in (off, unc, at)]
+        if None in values:
+            raise MergeError(f"{path}: clock_offsets of node {node} holds {show((off, unc, at))}; expected integer "
+                             f"(offset_ns, uncertainty_ns, measured_at)")
+        latest[node] = tuple(values)
+    return latest
+
+
+def input_clock_pairs(conn, path, node, schema_name="src"):
+    """The input's (mono_ns, real_ns) pairs of `node`, each an integer or the input is refused."""
+    pairs = []
+    for mono, real in conn.execute(f"SELECT mono_ns, real_ns FROM {schema_name}.clock_pairs WHERE node = ?", (node,)):
+        m, r = clock.as_int_ns(mono), clock.as_int_ns(real)
+        if m is None or r is None:
+            raise MergeError(f"{path}: clock_pairs of node {node} holds {show((mono, real))}; expected integer "
+                             f"(mono_ns, real_ns)")
+        pairs.append((m, r))
+    return pairs
