@@ -1,5 +1,5 @@
 """Read a .pftrace the way Trace Processor does, independently of the writer (agent/straggler/analysis/
-pftrace.py): perfetto's own protobuf classes, compressed batches opened, interned names resolved per
+export/pftrace.py): perfetto's own protobuf classes, compressed batches opened, interned names resolved per
 sequence, each track's BEGIN/END pairs replayed on a stack. Used by the export tests and by the
 tests that check the trace a real run (collect.yml, the demo) wrote."""
 import json

@@ -13,7 +13,7 @@ import pytest
 
 from straggler import cli
 from straggler_lab import synth
-from straggler.analysis.explain import N_SLICES
+from straggler.analysis.explain.engine import N_SLICES
 from straggler.analysis.export import ExportError, export_perfetto
 
 pb = pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2",

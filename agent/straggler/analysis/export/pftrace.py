@@ -1,5 +1,5 @@
-"""Perfetto's native trace format for `straggler export` (export.py chooses what goes in; this module
-says it in protobuf TrackEvent, with the `perfetto` package's message classes and its
+"""Perfetto's native trace format for `straggler export` (plan.py and timeline.py choose what goes in;
+this module says it in protobuf TrackEvent, with the `perfetto` package's message classes and its
 StreamingTraceProtoBuilder — no hand-written protobuf).
 
 Encoding, chosen for traces of many nodes and millions of events:
@@ -21,9 +21,12 @@ Encoding, chosen for traces of many nodes and millions of events:
     show wall-clock times;
   - the export's metadata (timeline, each node's clock offset and uncertainty, the cut, what was
     skipped) goes as JSON in a ChromeEventBundle metadata entry named "straggler".
+Must not read the database or choose what is exported.
 """
 import json
 import zlib
+
+from .errors import ExportError
 
 BATCH = 4096
 SEQUENCE = 1
@@ -42,14 +45,13 @@ def require():
         from perfetto.protos.perfetto.trace import perfetto_trace_pb2
         from perfetto.trace_builder import proto_builder
     except ImportError as exc:
-        from .export import ExportError
         raise ExportError(f"--format perfetto needs the perfetto Python package ({exc}): pip install perfetto; "
                           f"or write Chrome JSON with --format json") from None
     return perfetto_trace_pb2, proto_builder
 
 
 class PerfettoSink:
-    """export.py's sink interface (process, track, counter_track, slice, track_done, counters, instant,
+    """The sink interface timeline.py writes to (process, track, counter_track, slice, track_done, counters, instant,
     close), written as TracePackets."""
 
     def __init__(self, fh, start_ns, compress=True, realtime=True, sequence=SEQUENCE, uuid_base=0, head=True):

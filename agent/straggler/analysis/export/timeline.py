@@ -1,0 +1,258 @@
+"""The export's content, written into a sink (jsonsink.JsonSink or pftrace.PerfettoSink) from SQL
+cursors: per node a process; per traced thread its CUDA/driver/NCCL calls as slices (in lanes, so
+every track nests), its off-CPU and run-queue intervals, block I/O per issuing process; counters
+(calls/s, block I/O bytes/s, and per rank the step-time model's components as % of wall time);
+explain's findings as instants where their evidence begins; the metadata.
+
+Memory depends on the number of tracks, not on the trace length. Only reads the database; must
+not choose what is exported (plan.py) or how it is encoded (the sinks).
+"""
+from ...store import steptime
+from ...text import sql_quote
+
+FETCH = 2000
+# the step-time model's components as counters: (label, components summed), in the order shown
+MODEL_COUNTERS = (("waiting for peers %", ("coll", "blocked")), ("run queue %", ("runq",)),
+                  ("host compute %", ("host",)), ("synchronize %", ("sync",)), ("collectives %", ("coll",)),
+                  ("CUDA calls %", ("work",)), ("own block I/O %", ("io",)), ("blocked %", ("blocked",)))
+
+
+class Lanes:
+    """Greedy lane assignment for slices sorted by (start, -duration): a slice stays on a lane when it
+    starts after the lane's open slices end or nests inside the innermost one."""
+
+    def __init__(self):
+        self.stacks = []
+
+    def place(self, start, end):
+        for i, stack in enumerate(self.stacks):
+            while stack and stack[-1] <= start:
+                stack.pop()
+            if not stack or end <= stack[-1]:
+                stack.append(end)
+                return i
+        self.stacks.append([end])
+        return len(self.stacks) - 1
+
+
+def write_tail(plan, sink, findings):
+    """The findings about no exported node (global instants) and the metadata, for a parallel export."""
+    report = plan.report if findings else None
+    n = 0
+    for f in (report.findings if report else []):
+        if f.node not in plan.node_pid:
+            sink.instant(None, *_finding_instant(plan, f))
+            n += 1
+    sink.close(_meta(plan, report))
+    return n
+
+
+def _finding_instant(plan, f):
+    """(time, name, category, arguments) of a finding's instant event: on an exported node, where its
+    evidence begins (Finding.at_ns); otherwise at the trace's start."""
+    args = [(k, v) for k, v in (("severity", f.severity), ("cause", f.cause), ("summary", f.summary),
+                                ("share", round(f.share, 3) if f.share else None),
+                                ("recommendation", f.recommendation or None), ("node", f.node)) if v is not None]
+    t = plan.start_ns
+    if f.node in plan.node_pid:
+        if f.at_ns is not None:
+            t = plan.align[f.node](f.at_ns)
+        if f.window_ns:
+            args.append(("window_s", round((f.window_ns[1] - f.window_ns[0]) / 1e9, 3)))
+    name = f"{f.severity}: {f.cause}" + (f" ({f.node})" if f.cause == "straggler" else "")
+    return t, name, "explain", args
+
+
+def _meta(plan, report):
+    return dict(generator="straggler export", trace_start_ns=plan.start_ns, timeline=plan.timeline,
+                nodes=dict(plan.node_pid), clocks=plan.clocks_meta(),
+                straggler=report.straggler if report else None,
+                cut=None if plan.cut.everything else dict(reason=plan.cut.reason,
+                                                          spans_ns=[[a, b] for a, b in zip(plan.cut.los, plan.cut.his)]),
+                skipped=plan.skipped)
+
+
+def write(conn, plan, sink, findings, nodes=None, whole=True):
+    """Everything about `nodes` (default: all) into the sink. whole: this sink is the whole trace, so it
+    also gets the findings about no exported node and the metadata (a part of a parallel export does not)."""
+    order, node_pid = nodes or plan.order, plan.node_pid
+    counts = dict(slices=0, counters=0, instants=0)
+    node_list = ",".join(sql_quote(n) for n in order)
+    ts_col = "ts_aligned" if plan.has_aligned else "ts"
+    where_cut = plan.sql_bounds(order)
+    report = plan.report if findings else None
+    about = {f.node for f in report.findings} if report else set()     # nodes with a finding of their own
+    finding_track = {}
+    for node in order:
+        pid = node_pid[node]
+        r = plan.rank[node]
+        sink.process(pid, f"{node} (rank {r})" if r is not None else node, pid - 1, r, plan.describe_clock(node))
+        if node in about:
+            finding_track[node] = sink.track(pid, "findings (explain)", first=True)
+
+    tracks = {}
+
+    def emit_slices(sql, key_fn, name_fn, label_fn, args_fn, cat):
+        cur = conn.execute(sql)
+        current, lanes, open_tracks = None, None, {}
+        has_aligned, align, keeps = plan.has_aligned, plan.align, None if plan.cut.everything else plan.cut.keeps
+        slice_ = sink.slice
+        while True:
+            batch = None                     # let the previous batch go before fetching the next
+            batch = cur.fetchmany(FETCH)
+            if not batch:
+                break
+            for row in batch:
+                node = row[0]
+                key = key_fn(row)
+                if (node, key) != current:
+                    for tr in open_tracks:
+                        sink.track_done(tr)
+                    current, lanes, open_tracks = (node, key), Lanes(), {}
+                t = row[2] if has_aligned and row[2] is not None else align[node](row[1])
+                dur = row[3] if row[3] and row[3] > 0 else 0
+                if keeps is not None and not keeps(t, t + dur):
+                    continue
+                lane = lanes.place(t, t + dur)
+                pid = node_pid[node]
+                tr = tracks.get((pid, key, lane))
+                if tr is None:
+                    tr = tracks[(pid, key, lane)] = sink.track(pid, label_fn(row), lane=lane)
+                open_tracks[tr] = True
+                slice_(tr, t, dur, name_fn(row), cat(row), args_fn(row))
+                counts["slices"] += 1
+        for tr in open_tracks:
+            sink.track_done(tr)
+        cur.close()
+
+    def nonnull(pairs):
+        return tuple((k, v) for k, v in pairs if v is not None)
+
+    # calls, per (node, thread), ordered so that lanes are assigned in one pass
+    emit_slices(f"""SELECT node, ts, ts_aligned, duration, tid, comm, source, op, ret, bytes, seq, grid_x, block_x
+                    FROM events WHERE source IN ('cuda', 'driver', 'nccl') AND node IN ({node_list}){where_cut}
+                    ORDER BY node, tid, {ts_col}, duration DESC""",
+                key_fn=lambda r: ("calls", r[4]), name_fn=lambda r: r[7],
+                label_fn=lambda r: f"{r[5]} {r[4]}",
+                args_fn=lambda r: nonnull((("ret", r[8]), ("bytes", r[9]), ("seq", r[10]),
+                                           ("grid_x", r[11]), ("block_x", r[12]))),
+                cat=lambda r: r[6])
+    # off-CPU and run-queue intervals, per (node, thread, kind)
+    emit_slices(f"""SELECT node, ts, ts_aligned, duration, tid, comm, op, state, other_comm, other_pid, cpu, seq
+                    FROM events WHERE source = 'sched' AND op IN ('offcpu', 'runq') AND node IN ({node_list}){where_cut}
+                    ORDER BY node, tid, op, {ts_col}, duration DESC""",
+                key_fn=lambda r: (r[6], r[4]),
+                name_fn=lambda r: ("run queue" if r[6] == "runq" else
+                                   f"preempted by {r[8]}" if r[7] == "preempted" else "blocked"),
+                label_fn=lambda r: f"{r[5]} {r[4]} {'off-CPU' if r[6] == 'offcpu' else 'run queue'}",
+                # the name says the state and who ran instead; the arguments add its pid, the CPU, the row
+                args_fn=lambda r: nonnull((("other_pid", r[9] if r[7] == "preempted" else None),
+                                           ("cpu", r[10]), ("seq", r[11]))),
+                cat=lambda r: "sched")
+    # block I/O, per (node, issuing process)
+    emit_slices(f"""SELECT node, ts, ts_aligned, duration, pid, comm, op, bytes, dev, sector, seq
+                    FROM events WHERE source = 'block' AND node IN ({node_list}){where_cut}
+                    ORDER BY node, pid, {ts_col}, duration DESC""",
+                key_fn=lambda r: ("block", r[4]), name_fn=lambda r: r[6],
+                label_fn=lambda r: f"block I/O {r[5]} {r[4]}",
+                args_fn=lambda r: nonnull((("bytes", r[7]), ("dev", r[8]), ("sector", r[9]), ("seq", r[10]))),
+                cat=lambda r: "block")
+    if not plan.cut.everything:       # what the cut left out, in SQL's pre-filter or here
+        total = conn.execute(f"""SELECT COUNT(*) FROM events WHERE node IN ({node_list})
+                                 AND (source IN ('cuda', 'driver', 'nccl', 'block')
+                                      OR (source = 'sched' AND op IN ('offcpu', 'runq')))""").fetchone()[0]
+        plan.skip(total - counts["slices"])
+    counts["counters"] += _activity_counters(conn, plan, sink, node_list)
+    counts["counters"] += _model_counters(conn, plan, sink, node_list)
+    # explain's findings: instants at the time their evidence begins, on the node's findings track
+    if report:
+        for f in report.findings:
+            if f.node in finding_track:
+                sink.instant(finding_track[f.node], *_finding_instant(plan, f))
+            elif whole and f.node not in node_pid:
+                sink.instant(None, *_finding_instant(plan, f))
+            else:
+                continue
+            counts["instants"] += 1
+    if not whole:
+        sink.close(None)
+        return dict(counts, events=sink.records, skipped=dict(plan.skipped))
+    meta = _meta(plan, report)
+    sink.close(meta)
+    return dict(events=sink.records, nodes=list(order), trace_start_ns=plan.start_ns, **counts,
+                skipped=dict(plan.skipped), straggler=report.straggler if report else None)
+
+
+def _activity_counters(conn, plan, sink, node_list):
+    """calls/s and block I/O bytes/s per node, per second of the node's monotonic clock."""
+    n = 0
+    ctracks = {}
+    cur = conn.execute(f"""SELECT node, ts / 1000000000 AS sec, SUM(source IN ('cuda', 'driver', 'nccl')) AS calls,
+                                  SUM(CASE WHEN source = 'block' THEN COALESCE(bytes, 0) ELSE 0 END) AS io_bytes
+                           FROM events WHERE node IN ({node_list}) AND source IN ('cuda', 'driver', 'nccl', 'block')
+                           GROUP BY node, sec ORDER BY node, sec""")
+    for node, sec, calls, io_bytes in cur:
+        t = max(plan.start_ns, plan.align[node](sec * 1_000_000_000))   # the first second may begin before the trace
+        if not plan.cut.keeps(t, t + 1_000_000_000):
+            continue
+        pid = plan.node_pid[node]
+        if node not in ctracks:
+            ctracks[node] = (sink.counter_track(pid, "calls/s", "count"), sink.counter_track(pid, "block I/O bytes/s", "bytes"))
+        sink.counters([(ctracks[node][0], calls), (ctracks[node][1], io_bytes)], t)
+        n += 2
+    return n
+
+
+def _model_counters(conn, plan, sink, node_list):
+    """Per rank (a process with traced calls), per thread_time interval: the step-time components of
+    the step-time model (steptime.rank_time of its threads, with the calling thread chosen over the whole
+    export, as explain does over a window) as % of the interval's wall time."""
+    calling, rank_of = {}, {}
+    for node, pid, tid, rank, call_ns, calls in conn.execute(
+            f"""SELECT node, pid, tid, MAX(rank), SUM(work_ns + sync_ns + coll_ns), SUM(calls) FROM thread_time
+                WHERE node IN ({node_list}) GROUP BY node, pid, tid"""):
+        key = (node, pid)
+        if rank is not None:
+            rank_of[key] = rank
+        if calls and (key not in calling or (call_ns, calls) > calling[key][1:]):
+            calling[key] = (tid, call_ns, calls)
+    keys = {k for k in calling if k in rank_of} or set(calling)
+    if not keys:
+        return 0
+    n = 0
+    ctracks = {}
+    cur = conn.execute(f"""SELECT node, pid, ts, interval_ns, tid, comm, calls, work_ns, sync_ns, coll_ns, runq_ns,
+                                  runq_work_ns, runq_sync_ns, runq_coll_ns, blocked_ns, io_ns
+                           FROM thread_time WHERE node IN ({node_list}) ORDER BY node, pid, ts""")
+    cols = [d[0] for d in cur.description]
+    group, group_key = [], None
+
+    def flush():
+        nonlocal n
+        node, pid, ts, interval = group_key
+        key = (node, pid)
+        rt = steptime.rank_time(key, group, interval, rank_of.get(key), calling[key][0])
+        if rt is None:
+            return
+        t = max(plan.start_ns, plan.align[node](ts))    # an interval may begin before the first event
+        if not plan.cut.keeps(t, t + interval):
+            return
+        if key not in ctracks:
+            who = f"rank {rank_of[key]}" if key in rank_of else f"pid {pid}"
+            ctracks[key] = [sink.counter_track(plan.node_pid[node], f"{who} {label}", "%") for label, _ in MODEL_COUNTERS]
+        sink.counters([(tr, round(100 * sum(rt.share(c) for c in comps), 2))
+                       for tr, (_, comps) in zip(ctracks[key], MODEL_COUNTERS)], t)
+        n += len(MODEL_COUNTERS)
+
+    for row in cur:
+        if (row[0], row[1]) not in keys:
+            continue
+        k = (row[0], row[1], row[2], row[3])
+        if k != group_key and group:
+            flush()
+            group = []
+        group_key = k
+        group.append(dict(zip(cols, row)))
+    if group:
+        flush()
+    return n
