@@ -3,15 +3,20 @@
 inventory's ansible_host. Good forms give the host and port a user expects; bad ones one line that
 names what was given, and nothing is bound."""
 import re
+import socket
+import subprocess
+import sys
 
 import pytest
 
-from test_api_helpers import REPO  # noqa: F401  (puts agent/ on sys.path)
+from test_api_helpers import REPO, make_node_db, venv_env
 
 from straggler.addresses import (Address, format_address, is_loopback, is_wildcard, parse_address, parse_host,
                                  parse_listen, parse_port)
 from straggler.errors import StragglerError
 from straggler.fleet.inventory import agent_address, parse_nodes
+
+STRAGGLER = [sys.executable, "-m", "straggler.cli"]
 
 
 # ---------------------------------------------------------------- the rule
@@ -134,3 +139,46 @@ def test_nodes_and_inventory_hosts_follow_the_rule():
         parse_nodes("gpu-1:0")
     with pytest.raises(StragglerError, match=r"^host gpu-1: ansible_host 'gpu-1:22': a host with colons must be"):
         agent_address("gpu-1", {"ansible_host": "gpu-1:22"})
+
+
+def test_the_servers_refuse_a_bad_listen_address_before_binding_anything(tmp_path):
+    from straggler.api import metrics
+    from straggler.api.server import start_background
+    from straggler.tls import TLSOptions
+    db = tmp_path / "node.db"
+    make_node_db(db, "gpu-node-00", 0)
+    for listen in ("127.0.0.1:70000", "[127.0.0.1]:0", "127.0.0.1:http"):
+        with pytest.raises(StragglerError, match=r"^--listen "):
+            start_background(str(db), listen=listen, tls=TLSOptions(no_tls=True))
+    pytest.importorskip("prometheus_client")
+    with pytest.raises(StragglerError, match=r"^--metrics-listen '127.0.0.1:70000': port '70000'"):
+        metrics.start_plain_server(str(db), "n", "127.0.0.1:70000")
+
+
+def test_serve_takes_an_ipv6_listen_address_and_says_where_it_listens(tmp_path):
+    try:
+        probe = socket.socket(socket.AF_INET6)
+        probe.bind(("::1", 0))
+        probe.close()
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    from straggler.api.server import start_background
+    from straggler.tls import TLSOptions
+    db = tmp_path / "node.db"
+    make_node_db(db, "gpu-node-00", 0)
+    with start_background(str(db), listen="[::1]:0", tls=TLSOptions(no_tls=True)) as handle:
+        assert handle.host == "::1" and handle.url == f"http://[::1]:{handle.port}"
+        with socket.create_connection(("::1", handle.port), timeout=5) as conn:
+            conn.sendall(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert conn.recv(64).startswith(b"HTTP/1.1 200 ")
+
+
+def test_straggler_serve_with_a_bad_listen_address_says_so_in_one_line(tmp_path):
+    db = tmp_path / "node.db"
+    make_node_db(db, "gpu-node-00", 0)
+    proc = subprocess.run(STRAGGLER + ["serve", "--db", str(db), "--no-tls", "--listen", "127.0.0.1:99999"],
+                          capture_output=True, text=True, timeout=60, env=venv_env(), cwd=str(REPO))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "straggler serve: error: --listen '127.0.0.1:99999': port '99999' is not a port number (0-65535); "
+        "use HOST:PORT, or [IPv6]:PORT"]

@@ -21,13 +21,19 @@ watch`, or a PromQL rule across nodes, see README), so it exports what the rule 
   straggler_lost_events_total{node,probe}               events lost (ring buffer, writer queue)
   straggler_agent_cpu_ratio{node}                       the agent's CPU over its last interval (cores)
   straggler_agent_rss_bytes{node}
+
+This module reads the store and never writes it; it does not know the HTTPS server (server.py
+serves render() as a route; the plain port here shares only the host:port rule of straggler.addresses).
 """
 import json
 import time
 
 from .. import defaults
+from ..addresses import format_address, is_loopback, parse_listen
+from ..errors import StragglerError
 from ..store import steptime
 from ..store.query import open_readonly
+from ..text import one_line
 
 DEFAULT_WINDOW_S = 10.0
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -174,6 +180,7 @@ def render(db_path, node, window_s=DEFAULT_WINDOW_S, at_ns=None):
 # ---------------------------------------------------------------- the plain loopback port
 
 DEFAULT_METRICS_LISTEN = defaults.METRICS_LISTEN
+DEFAULT_METRICS_PORT = parse_listen(DEFAULT_METRICS_LISTEN, 0).port   # for an ADDR given without one
 
 
 def start_plain_server(db_path, node, listen=DEFAULT_METRICS_LISTEN, any_address=False, window_s=DEFAULT_WINDOW_S):
@@ -186,12 +193,9 @@ def start_plain_server(db_path, node, listen=DEFAULT_METRICS_LISTEN, any_address
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from ..errors import StragglerError
-    from .server import _is_loopback, parse_listen
-
     _prometheus()   # fail at start, not at the first scrape
-    host, port = parse_listen(listen, default_port=9433)
-    if not _is_loopback(host) and not any_address:
+    host, port = parse_listen(listen, DEFAULT_METRICS_PORT, what="--metrics-listen")
+    if not is_loopback(host) and not any_address:
         raise StragglerError(f"--metrics-listen {listen}: the plain metrics port binds to loopback only "
                              f"(127.0.0.1 or ::1); add --metrics-any-address to serve it on {host}, or scrape "
                              f"the API port's /metrics with a client certificate")
@@ -211,7 +215,7 @@ def start_plain_server(db_path, node, listen=DEFAULT_METRICS_LISTEN, any_address
                 try:
                     code, body, ctype = 200, render(db_path, node, window_s), CONTENT_TYPE
                 except Exception as exc:  # one line, never a traceback to the scraper
-                    code, body, ctype = 503, (" ".join(str(exc).split()) + "\n").encode(), "text/plain; charset=utf-8"
+                    code, body, ctype = 503, (one_line(exc) + "\n").encode(), "text/plain; charset=utf-8"
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
@@ -226,7 +230,7 @@ def start_plain_server(db_path, node, listen=DEFAULT_METRICS_LISTEN, any_address
     try:
         server = Server((host, port), Handler)
     except OSError as exc:
-        raise StragglerError(f"cannot listen on {host}:{port} for metrics: {exc.strerror or exc}; "
+        raise StragglerError(f"cannot listen on {format_address(host, port)} for metrics: {exc.strerror or exc}; "
                              f"choose another --metrics-listen") from None
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
                               name=f"straggler-metrics-{server.server_address[1]}", daemon=True)

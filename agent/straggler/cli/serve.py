@@ -1,2 +1,72 @@
-"""`straggler serve` (moving here from straggler.api.server)."""
-from ..api.server import add_arguments, run  # noqa: F401
+"""`straggler serve`: arguments in, the node's database served over HTTPS with mutual TLS
+(straggler.api.server; the routes are listed in straggler.api.routes), and optionally /metrics
+alone over plain HTTP on loopback (`--metrics-listen ADDR:PORT`, straggler.api.metrics; any other
+address only with --metrics-any-address), until SIGTERM or SIGINT.
+
+Argument parsing and the one status line on stderr; the serving itself lives in the API package.
+"""
+import logging
+import signal
+import sys
+import threading
+
+from ..addresses import format_address
+from ..api.metrics import start_plain_server
+from ..api.routes import MAX_ANSWER_BYTES, MAX_QUERY_SECONDS, MAX_ROWS, SNAPSHOT_TIMEOUT_S
+from ..api.server import DEFAULT_LISTEN, start_background
+from ..store.query import DEFAULT_DB
+from .common import add_metrics_arguments, add_tls_arguments, tls_options
+
+POLL_S = 0.5   # how often the main thread looks for a signal
+
+
+def add_arguments(parser):
+    parser.add_argument("--db", "-d", default=DEFAULT_DB, help=f"the node's database (default {DEFAULT_DB})")
+    parser.add_argument("--node", default=None, help="node name in answers (default: the database's meta.node, else the hostname)")
+    parser.add_argument("--listen", default=DEFAULT_LISTEN, metavar="ADDR:PORT", help=f"where to listen (default {DEFAULT_LISTEN})")
+    parser.add_argument("--max-rows", type=int, default=MAX_ROWS, help=f"row cap per query (default {MAX_ROWS})")
+    parser.add_argument("--max-answer-bytes", type=int, default=MAX_ANSWER_BYTES,
+                        help=f"byte cap per query answer; over it the answer says truncated_reason \"bytes\" "
+                             f"(default {MAX_ANSWER_BYTES})")
+    parser.add_argument("--max-query-seconds", type=float, default=MAX_QUERY_SECONDS,
+                        help=f"time limit per query, whatever the client asks (default {MAX_QUERY_SECONDS:g})")
+    parser.add_argument("--snapshot-dir", default=None, help="where snapshots are staged before streaming (default: system temp)")
+    parser.add_argument("--snapshot-timeout", type=float, default=SNAPSHOT_TIMEOUT_S,
+                        help=f"seconds a snapshot may take before it is stopped (default {SNAPSHOT_TIMEOUT_S:g})")
+    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    add_tls_arguments(parser)
+    add_metrics_arguments(parser)
+
+
+def run(args):
+    logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
+                        format="straggler serve: %(levelname)s %(message)s")
+    handle = start_background(args.db, node=args.node, listen=args.listen, tls=tls_options(args),
+                              max_rows=args.max_rows, max_query_seconds=args.max_query_seconds,
+                              max_answer_bytes=args.max_answer_bytes, snapshot_dir=args.snapshot_dir,
+                              snapshot_timeout_s=args.snapshot_timeout)
+    metrics_server = None
+    if args.metrics_listen:
+        try:
+            metrics_server, _ = start_plain_server(args.db, handle.node, args.metrics_listen, args.metrics_any_address)
+        except BaseException:
+            handle.stop()
+            raise
+    extra = ""
+    if metrics_server is not None:
+        extra = f" metrics=http://{format_address(*metrics_server.server_address[:2])}/metrics"
+    print(f"straggler serve: {handle.url} node={handle.node} db={args.db}{extra}", file=sys.stderr, flush=True)
+    stop = threading.Event()
+
+    def on_signal(signum, frame):
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while not stop.wait(POLL_S):
+        pass
+    handle.stop()
+    if metrics_server is not None:
+        metrics_server.shutdown()
+        metrics_server.server_close()
+    return 0

@@ -1,0 +1,269 @@
+"""What the API's requests mean: the routes with the method and role each needs, the query
+request's JSON body (an object, finite numbers >= 0, nesting at most MAX_JSON_DEPTH), the limits a
+client cannot raise, and the answers (query, clock, health, live, metrics, snapshot) as Answers.
+
+Routes (JSON unless noted; role = what the client certificate must grant, see tls.peer_roles):
+  POST /api/v1/query     {"sql", "limit"[, "timeout_s"]} -> {"node","columns","rows","truncated",
+                         ["truncated_reason": "limit"|"bytes",] "elapsed_ms"}; 400 {"error","kind"} for SQL
+                         that is refused or fails (kind: rejected|sql-error|timeout)           role query
+  GET  /api/v1/clock     -> {"node","realtime_ns","monotonic_ns","pairs":[[mono_ns, real_ns], ...]}
+                         (?pairs=N: the last N stored clock pairs, 0 for none; the clock is read last)  query
+  GET  /api/v1/health    -> store.status.collect_status() of the served database            query
+  GET  /api/v1/live      -> store.live.live_summary(): the step-time model's rows since ?since=NS
+                         (node CLOCK_MONOTONIC ns), for `straggler watch`; with the node's clocks  query
+  GET  /metrics          -> Prometheus metrics of the node (api/metrics.py; text exposition)   query
+  GET  /api/v1/snapshot  -> a consistent copy of the whole database (application/vnd.sqlite3)  snapshot
+
+App's handlers run in worker threads, take a transport.Request and return a transport.Answer; a
+domain error becomes a one-line JSON answer {"node","error","kind"} (App.call). This module must
+not touch a socket or know a connection (transport.py, server.py), must not write to the database,
+and holds no SQL rules of its own (store/query.py does).
+"""
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from typing import NamedTuple, Optional
+
+from .. import __version__
+from ..clock import read_clock_pair
+from ..errors import StragglerError
+from ..store.query import DatabaseUnavailable, JsonAnswer, QueryError, open_readonly, run_query
+from ..text import one_line
+from ..tls import ROLE_QUERY, ROLE_SNAPSHOT
+from .transport import Answer, BadRequest
+
+log = logging.getLogger("straggler.api")
+
+MAX_JSON_DEPTH = 16
+MAX_ROWS = 200_000                  # per request, whatever the client asks (explain asks for 200k)
+MAX_ANSWER_BYTES = 64 << 20         # per answer, whatever the client asks
+MAX_QUERY_SECONDS = 30.0
+DEFAULT_QUERY_SECONDS = 10.0
+DEFAULT_LIMIT = 10000
+SNAPSHOT_TIMEOUT_S = 120.0
+CLOCK_PAIRS_DEFAULT = 16
+CLOCK_PAIRS_MAX = 1000
+API_PREFIX = "/api/v1"
+QUERY_SHAPE = "{\"sql\": ..., \"limit\": N}"
+
+
+class Route(NamedTuple):
+    """A path's method ("GET" also answers HEAD), the role it needs, the App handler that answers
+    it, the pool it runs in ("query", or "snapshot": one at a time), and, when the answer is made
+    in two steps, the App method that finishes it in the event loop just before it is sent."""
+    method: str
+    role: str
+    handler: str
+    pool: str = "query"
+    finish: Optional[str] = None
+
+
+ROUTES = {
+    f"{API_PREFIX}/query": Route("POST", ROLE_QUERY, "query"),
+    f"{API_PREFIX}/clock": Route("GET", ROLE_QUERY, "clock_pairs", finish="clock"),
+    f"{API_PREFIX}/health": Route("GET", ROLE_QUERY, "health"),
+    f"{API_PREFIX}/live": Route("GET", ROLE_QUERY, "live"),
+    "/metrics": Route("GET", ROLE_QUERY, "metrics"),
+    f"{API_PREFIX}/snapshot": Route("GET", ROLE_SNAPSHOT, "snapshot", pool="snapshot"),
+}
+ROUTES_TEXT = (f"{API_PREFIX}/query (POST), {API_PREFIX}/clock, {API_PREFIX}/health, {API_PREFIX}/snapshot, "
+               f"{API_PREFIX}/live, /metrics")
+
+
+def json_answer(code, obj):
+    return Answer(code, [(json.dumps(obj, separators=(",", ":"), default=str) + "\n").encode()])
+
+
+# ---------------------------------------------------------------- the query request's body
+
+def json_depth(text):
+    """How deep the arrays and objects of a JSON text nest (brackets inside strings do not count)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def request_json(body):
+    """The query request's JSON object; BadRequest for anything else (one line)."""
+    def no_constants(name):
+        raise ValueError(f"{name} is not a number JSON allows")
+
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest(400, f"the body is not UTF-8 text; send a JSON object {QUERY_SHAPE}") from None
+    if json_depth(text) > MAX_JSON_DEPTH:   # checked before the parser recurses
+        raise BadRequest(400, f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels; send a flat "
+                              f"object {QUERY_SHAPE}")
+    try:
+        request = json.loads(text, parse_constant=no_constants)
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest(400, f"the body must be a JSON object {QUERY_SHAPE} ({one_line(exc)})") from None
+    if not isinstance(request, dict):
+        raise BadRequest(400, f"the body must be a JSON object {QUERY_SHAPE}")
+    return request
+
+
+def number(request, key, default, integer):
+    """request[key] (else default) as a finite number >= 0 (a whole one if `integer`); BadRequest otherwise."""
+    value = request.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadRequest(400, f"\"{key}\" must be a number, got {json.dumps(value)[:40]}")
+    if not math.isfinite(value) or value < 0:
+        raise BadRequest(400, f"\"{key}\" must be a finite number >= 0, got {value}")
+    if integer and value != int(value):
+        raise BadRequest(400, f"\"{key}\" must be a whole number, got {value}")
+    return int(value) if integer else float(value)
+
+
+# ---------------------------------------------------------------- the routes
+
+class App:
+    """What the routes need: the database, the node name and the limits. Handlers run in worker
+    threads and return an Answer; none of them touches a socket."""
+
+    def __init__(self, db_path, node, max_rows=MAX_ROWS, max_query_seconds=MAX_QUERY_SECONDS,
+                 snapshot_dir=None, max_answer_bytes=MAX_ANSWER_BYTES, snapshot_timeout_s=SNAPSHOT_TIMEOUT_S):
+        self.db_path = db_path
+        self.node = node
+        self.max_rows = max_rows
+        self.max_query_seconds = max_query_seconds
+        self.max_answer_bytes = max_answer_bytes
+        self.snapshot_dir = snapshot_dir
+        self.snapshot_timeout_s = snapshot_timeout_s
+        self.tls = False
+        self.started_mono_ns = time.monotonic_ns()
+
+    def error(self, code, message, kind="error"):
+        return json_answer(code, {"node": self.node, "error": one_line(message), "kind": kind})
+
+    def route(self, request, roles):
+        """(Route, None) for a request this client may make, else (None, the refusal: 404, 405 or 403)."""
+        path, method = request.path, request.method
+        route = ROUTES.get(path)
+        if route is None:
+            return None, self.error(404, f"no such route {path}; routes: {ROUTES_TEXT}", kind="not-found")
+        if method != route.method and not (method == "HEAD" and route.method == "GET"):
+            if route.method == "POST":
+                return None, self.error(405, f"use POST for {path} with a JSON body {QUERY_SHAPE}",
+                                        kind="bad-request")
+            return None, self.error(405, f"use GET for {path}; POST is only for {API_PREFIX}/query",
+                                    kind="bad-request")
+        if route.role not in roles:
+            return None, self.error(403, f"this client's certificate does not grant the {route.role!r} role that "
+                                         f"{path} needs; issue one with `straggler pki issue --client NAME "
+                                         f"--role {route.role}`", kind="forbidden")
+        return route, None
+
+    def call(self, handler, request):
+        """A handler (in a worker thread); BadRequest and domain errors become one-line answers."""
+        try:
+            return getattr(self, handler)(request)
+        except BadRequest as exc:
+            return self.error(exc.code, exc, kind=exc.kind)
+        except DatabaseUnavailable as exc:
+            return self.error(503, exc, kind="database")
+        except StragglerError as exc:
+            return self.error(500, exc)
+        except Exception as exc:
+            log.exception("route failed")
+            return self.error(500, f"internal error: {one_line(exc)}")
+
+    def query(self, request):
+        body = request_json(request.body)
+        sql = body.get("sql")
+        if not isinstance(sql, str):
+            raise BadRequest(400, "missing \"sql\" (a string) in the request")
+        limit = min(number(body, "limit", DEFAULT_LIMIT, integer=True), self.max_rows)
+        timeout_s = min(number(body, "timeout_s", DEFAULT_QUERY_SECONDS, integer=False), self.max_query_seconds)
+        answer = JsonAnswer(self.node, self.max_answer_bytes)
+        try:
+            run_query(self.db_path, sql, limit=limit, timeout_s=timeout_s, into=answer)
+        except QueryError as exc:
+            return self.error(400, exc, kind=exc.kind)
+        return Answer(200, answer.chunks)
+
+    def clock_pairs(self, request):
+        """The last ?pairs=N stored clock pairs (the clock itself is read by `clock`, last)."""
+        try:
+            wanted = int((request.query.get("pairs") or [CLOCK_PAIRS_DEFAULT])[0])
+        except ValueError:
+            wanted = CLOCK_PAIRS_DEFAULT
+        if wanted <= 0:
+            return []
+        try:
+            conn = open_readonly(self.db_path)
+            try:
+                return [list(p) for p in reversed(conn.execute(
+                    "SELECT mono_ns, real_ns FROM clock_pairs ORDER BY mono_ns DESC LIMIT ?",
+                    (min(wanted, CLOCK_PAIRS_MAX),)).fetchall())]
+            finally:
+                conn.close()
+        except Exception as exc:  # the clock answer stays useful without stored pairs
+            log.debug("clock pairs unavailable: %s", exc)
+            return []
+
+    def clock(self, pairs):
+        """The clock answer, read just before it leaves: keeps the two legs of the round trip even."""
+        mono_ns, real_ns = read_clock_pair()
+        return json_answer(200, {"node": self.node, "realtime_ns": real_ns, "monotonic_ns": mono_ns, "pairs": pairs})
+
+    def health(self, request):
+        from ..store.status import collect_status
+        status = collect_status(self.db_path)
+        status["db_node"] = status.get("node")
+        status["node"] = self.node
+        status["api"] = {"version": __version__, "uptime_s": round((time.monotonic_ns() - self.started_mono_ns) / 1e9, 1),
+                         "tls": self.tls}
+        return json_answer(200, status)
+
+    def live(self, request):
+        from ..store.live import live_summary
+        text = (request.query.get("since") or [None])[0]
+        try:
+            since = int(text) if text not in (None, "") else None
+        except ValueError:
+            raise BadRequest(400, f"since={text!r}: give the node's CLOCK_MONOTONIC time in ns (an integer)") from None
+        answer = live_summary(self.db_path, since)
+        mono_ns, real_ns = read_clock_pair()   # last, as for /clock: the watch's offset sample
+        answer.update(node=self.node, monotonic_ns=mono_ns, realtime_ns=real_ns)
+        return json_answer(200, answer)
+
+    def metrics(self, request):
+        from . import metrics
+        try:
+            body = metrics.render(self.db_path, self.node)
+        except metrics.MetricsUnavailable as exc:
+            return self.error(503, exc, kind="metrics-unavailable")
+        return Answer(200, [body], content_type=metrics.CONTENT_TYPE)
+
+    def snapshot(self, request):
+        from ..store.snapshot import snapshot, stage_dir
+        work_dir = stage_dir(self.snapshot_dir)
+        try:
+            out_path = os.path.join(work_dir, "snapshot.db")
+            summary = snapshot(self.db_path, out_path, deadline_s=self.snapshot_timeout_s)
+        except BaseException:
+            shutil.rmtree(work_dir, ignore_errors=True)
+            raise
+        return Answer(200, content_type="application/vnd.sqlite3", path=out_path, size=summary["bytes"],
+                      headers=[("Content-Disposition", f'attachment; filename="{self.node}.db"')],
+                      cleanup=lambda: shutil.rmtree(work_dir, ignore_errors=True))
