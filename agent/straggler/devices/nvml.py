@@ -241,9 +241,12 @@ class Nvml:
                 if link == 0 and code in _NOT_THERE:
                     gpu.unsupported.add("nvlink")
                     return None
-                if code not in _NOT_THERE + (NVML_INVALID_ARGUMENT,) and str(exc) not in errors:
+                if code in _NOT_THERE or code == NVML_INVALID_ARGUMENT:
+                    break                # past this GPU's last link
+                if str(exc) not in errors:
                     errors.append(str(exc))
-                break
+                return None              # not read (e.g. the GPU is lost): unknown, not 'no link up'
+
             except (AttributeError, TypeError):
                 gpu.unsupported.add("nvlink")
                 return None

@@ -10,6 +10,12 @@ They are not NVIDIA code and touch no GPU; the agent traces them exactly as it w
 the real libraries: by path and symbol name. `build_workload(out_dir)` compiles a small C
 program that loads them and calls every traced function with known arguments.
 
+`build_standin_nvml(out_dir)` compiles nvml.c into a stand-in libnvidia-ml.so.1 (NVML's calls
+that the agent makes through nvidia-ml-py), whose GPUs are listed in a small file
+(STRAGGLER_STANDIN_NVML_CONFIG, written by `write_nvml_config`): each GPU follows its rank's
+control file (throttle=, gpu_factor=, pcie_gen=, ecc_*=, ...: standin_control.h), and lists as
+its running processes those that loaded the stand-in libcuda with that control file.
+
 Builds are cached: the outputs are rebuilt only when the C sources change (by hash), and
 are replaced atomically, so concurrent builders do not see half-written files.
 This module must not import BCC or anything else from straggler.
@@ -25,7 +31,11 @@ from straggler.errors import StragglerError
 
 SOURCE_DIR = Path(__file__).resolve().parent
 LIBRARY_SOURCE = SOURCE_DIR / "standin.c"
+CONTROL_HEADER = SOURCE_DIR / "standin_control.h"   # the control file and the GPUs file, read by both C parts
+NVML_SOURCE = SOURCE_DIR / "nvml.c"
 WORKLOAD_SOURCE = SOURCE_DIR / "workload.c"
+NVML_NAME = "libnvidia-ml.so.1"
+NVML_SUBDIR = "nvml"      # its own directory: LD_LIBRARY_PATH=<it> brings in NVML and nothing else
 
 # output name -> the -D switch that selects its part of standin.c
 LIBRARIES = {
@@ -71,7 +81,7 @@ def build_standin(out_dir) -> str:
     Returns the path of libcuda.so.1 (the other two lie beside it). Cached by source hash."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    want = _source_hash(LIBRARY_SOURCE)
+    want = _source_hash(LIBRARY_SOURCE, CONTROL_HEADER)
     if not _cached(out_dir, ".standin-libs.hash", want, LIBRARIES):
         gcc = _gcc()
         with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
@@ -83,6 +93,43 @@ def build_standin(out_dir) -> str:
                 os.replace(os.path.join(tmp, name), out_dir / name)
             (out_dir / ".standin-libs.hash").write_text(want + "\n")
     return str(out_dir / "libcuda.so.1")
+
+
+def build_standin_nvml(out_dir) -> str:
+    """Build the stand-in NVML, libnvidia-ml.so.1, into out_dir/nvml/ (alone there, so that
+    LD_LIBRARY_PATH=out_dir/nvml makes nvidia-ml-py load it and changes nothing else). Returns its path.
+    Its GPUs: the file named by STRAGGLER_STANDIN_NVML_CONFIG (standin_control.h). Cached by source hash."""
+    out_dir = Path(out_dir) / NVML_SUBDIR
+    out_dir.mkdir(parents=True, exist_ok=True)
+    want = _source_hash(NVML_SOURCE, CONTROL_HEADER)
+    if not _cached(out_dir, ".standin-nvml.hash", want, [NVML_NAME]):
+        gcc = _gcc()
+        with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
+            _compile([gcc, "-O2", "-g", "-Wall", "-shared", "-fPIC", f"-Wl,-soname,{NVML_NAME}",
+                      "-o", os.path.join(tmp, NVML_NAME), str(NVML_SOURCE), "-pthread"], NVML_NAME)
+            os.replace(os.path.join(tmp, NVML_NAME), out_dir / NVML_NAME)
+            (out_dir / ".standin-nvml.hash").write_text(want + "\n")
+    return str(out_dir / NVML_NAME)
+
+
+def write_nvml_config(path, gpus, registry=None):
+    """Write the stand-in NVML's GPUs file: one dict per GPU with index, uuid, pci ('0000:c1:00.0') and
+    control (its rank's control file), and any other key of standin_control.h (nvlinks, unsupported, ...)."""
+    lines = [f"registry={registry}"] if registry else []
+    for gpu in gpus:
+        words = []
+        for key, value in gpu.items():
+            text = ",".join(value) if isinstance(value, (list, tuple)) else str(value)
+            if not text:
+                continue
+            if any(c.isspace() for c in text):
+                raise StragglerError(f"stand-in NVML config: {key}={text!r} must be one word")
+            words.append(f"{key}={text}")
+        lines.append(" ".join(words))
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, path)
+    return str(path)
 
 
 def build_workload(out_dir) -> str:

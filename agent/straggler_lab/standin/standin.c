@@ -36,6 +36,10 @@
  *       launches, only when the device is in use). Keys read here: gpu_factor=<float>
  *       (default 1.0; it scales the device time of the kernels launched after it is read).
  *       Other keys are ignored (the job's own program reads the same file). No file = defaults.
+ *       (The file is read as standin_control.h says, where the stand-in NVML's keys are listed.)
+ *   STRAGGLER_STANDIN_NVML_CONFIG=PATH  the stand-in NVML's GPUs file (nvml.c, standin_control.h):
+ *       when set, loading libcuda.so.1 records this process in its registry as a user of the GPU(s)
+ *       whose control file is STRAGGLER_STANDIN_CONTROL (or STRAGGLER_STANDIN_GPU=INDEX).
  *   STRAGGLER_STANDIN_NCCL_ROOT=ADDR:PORT  rendezvous of ncclCommInitRank: a REAL collective.
  *       ncclGetUniqueId's id starts with a hash of ADDR:PORT (as NCCL's starts with a magic every
  *       rank of the communicator shares); ncclCommInitRank(comm, nranks, id, rank) ignores it: rank 0 listens on ADDR:PORT, the others connect to it
@@ -76,6 +80,8 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "standin_control.h"
 
 #define API __attribute__((visibility("default"), noinline))
 
@@ -206,23 +212,10 @@ static void control_check(void)
     ctl_stat = st;
     FILE *f = fopen(path, "r");
     if (f) {
-        char line[256];
-        while (fgets(line, sizeof line, f)) {
-            char *p = line;
-            while (*p == ' ' || *p == '\t')
-                p++;
-            if (strncmp(p, "gpu_factor", 10) != 0)
-                continue;
-            p += 10;
-            while (*p == ' ' || *p == '\t')
-                p++;
-            if (*p != '=')
-                continue;
-            char *end;
-            double v = strtod(p + 1, &end);
-            if (end != p + 1 && isfinite(v) && v >= 0.0 && v <= 1000.0)
-                factor = v;
-        }
+        struct standin_control ctl;   /* the keys as the stand-in NVML reads them too (standin_control.h) */
+        standin_control_defaults(&ctl);
+        standin_control_parse(f, &ctl);
+        factor = ctl.gpu_factor;
         fclose(f);
     }
     pthread_mutex_lock(&dev_mu);
@@ -350,6 +343,49 @@ static void device_drain(void)
 }
 
 static const struct standin_device_api the_device = {1, device_kernel, device_host_fn, device_drain};
+
+/* ---- the stand-in NVML's process registry (standin_control.h) ----
+ * With STRAGGLER_STANDIN_NVML_CONFIG set, a process that loads this library uses the stand-in GPU(s)
+ * whose control= is its STRAGGLER_STANDIN_CONTROL (or the index in STRAGGLER_STANDIN_GPU): one line
+ * `PID INDEX BYTES` is appended to the registry (O_APPEND, one write: whole lines), which the stand-in
+ * NVML reads for its running compute processes. Without the variable: nothing. */
+#define STANDIN_PROCESS_BYTES (1ull << 30)   /* the device memory a stand-in process "holds" */
+
+__attribute__((constructor)) static void standin_register_gpu_use(void)
+{
+    const char *config = getenv("STRAGGLER_STANDIN_NVML_CONFIG");
+    if (!config || !*config)
+        return;
+    static struct standin_gpus_file gpus;      /* large: not on the stack */
+    if (standin_gpus_read(config, &gpus) != 0)
+        return;
+    const char *control = getenv("STRAGGLER_STANDIN_CONTROL");
+    const char *wanted = getenv("STRAGGLER_STANDIN_GPU");
+    char control_real[STANDIN_PATH_MAX], gpu_real[STANDIN_PATH_MAX];
+    int have_control = control && *control && realpath(control, control_real) != NULL;
+    int fd = -1;
+    for (int i = 0; i < gpus.count; i++) {
+        const struct standin_gpu_config *g = &gpus.gpus[i];
+        int mine = 0;
+        if (wanted && *wanted)
+            mine = (long long)g->index == standin_count(wanted);
+        else if (control && *control && g->control[0])
+            mine = strcmp(control, g->control) == 0 ||
+                   (have_control && realpath(g->control, gpu_real) && strcmp(control_real, gpu_real) == 0);
+        if (!mine)
+            continue;
+        if (fd < 0)
+            fd = open(gpus.registry, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0)
+            return;
+        char line[96];
+        int n = snprintf(line, sizeof line, "%d %u %llu\n", (int)getpid(), g->index, STANDIN_PROCESS_BYTES);
+        if (write(fd, line, (size_t)n) != n)
+            break;
+    }
+    if (fd >= 0)
+        close(fd);
+}
 
 /* For libcudart.so.12 and libnccl.so.2 (dlsym): the one device of this process. */
 API const struct standin_device_api *straggler_standin_device(void) { return &the_device; }
