@@ -6,6 +6,9 @@
              and that copy plus the same four indexes
   explain    explain_db on the merged cluster database (1M and 10M events); baseline: one
              full-scan aggregate over the same events (SELECT node, op, COUNT, AVG … GROUP BY)
+  clock      straggler.clock.clock_segments (one sort: O(n log n)) on 1k, 5k and a week of clock pairs
+             (one every 5 s: 120,961) vs its former form, mono_to_real at each pair, which sorts all
+             pairs again each time (O(n² log n); run up to 5k pairs only: a week would take hours)
 (The timeline export has its own benchmark: bench_export.py, .pftrace against Chrome JSON.)
 
 Inputs come from straggler_lab.synth (scenario io_cpu, four nodes). Writes
@@ -25,9 +28,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "agent"))
 
-from straggler import render  # noqa: E402
-from straggler.analysis import explain, merge
+from straggler import clock, render  # noqa: E402
+from straggler.analysis import explain, merge  # noqa: E402
 from straggler_lab import synth  # noqa: E402
+
+CLOCK_SIZES = (1_000, 5_000, 7 * 24 * 720 + 1)    # pairs; the last a week at one every 5 s
+CLOCK_BASELINE_MAX = 5_000                         # the per-knot form beyond this takes minutes to hours
+
 
 def timed(fn, *a, **kw):
     t = time.perf_counter()
@@ -70,6 +77,39 @@ def baseline_insert_select(paths, out):
     return secs, index_secs, n
 
 
+def clock_segments_per_knot(pairs):
+    """clock_segments as it was before it moved to straggler.clock: mono_to_real at every knot (each
+    call sorts all the pairs again). The baseline; its segments must equal clock_segments'."""
+    knots = sorted({int(m) for m, _ in pairs})
+    if not knots:
+        return []
+    real = {m: clock.mono_to_real(pairs, m) for m in knots}
+    segs = [(-(1 << 62), knots[0], real[knots[0]] - knots[0], 0.0)]
+    for m0, m1 in zip(knots, knots[1:]):
+        segs.append((m0, m0, real[m0] - m0, (real[m1] - real[m0]) / (m1 - m0) - 1.0))
+    segs.append((knots[-1], knots[-1], real[knots[-1]] - knots[-1], 0.0))
+    return segs
+
+
+def bench_clock(sizes):
+    """clock_segments against the per-knot baseline on pairs one every 5 s with a wandering rate."""
+    runs = []
+    for n in sizes:
+        pairs, real = [], 1_767_225_600_000_000_000
+        for k in range(n):
+            pairs.append((3_600_000_000_000 + k * 5_000_000_000, real))
+            real += 5_000_000_000 + (k * 7919) % 200_000 - 100_000       # ±20 ppm, deterministic
+        pairs.reverse()                                                  # not in order
+        secs, segs = timed(clock.clock_segments, pairs)
+        run = dict(pairs=n, clock_segments_s=round(secs, 4), per_knot_s=None, speedup=None)
+        if n <= CLOCK_BASELINE_MAX:
+            base_s, base = timed(clock_segments_per_knot, pairs)
+            assert base == segs
+            run.update(per_knot_s=round(base_s, 3), speedup=round(base_s / secs, 1))
+        runs.append(run)
+    return runs
+
+
 def scan_baseline(db):
     conn = sqlite3.connect(db)
     t = time.perf_counter()
@@ -88,6 +128,7 @@ def main(argv=None):
     work = tempfile.mkdtemp(prefix="bench-analysis-", dir=args.work)
     results = dict(quick=args.quick, sizes=sizes, runs=[], machine=dict(cpus=os.cpu_count()))
     rows = []
+    results["clock"] = bench_clock(CLOCK_SIZES)
     try:
         for size in sizes:
             synth_s, facts = make_nodes(work, size, size)
@@ -125,6 +166,10 @@ def main(argv=None):
     print(render.table_text(["events", "merge s", "merge rows/s", "INSERT…SELECT rows/s", "merge ÷ INSERT…SELECT",
                              "merge ÷ (INSERT…SELECT + indexes)", "explain s", "GROUP BY scan s", "straggler"],
                             rows, title="merge and explain"), end="")
+    print(render.table_text(["clock pairs", "clock_segments s", "per-knot mono_to_real s", "speed-up"],
+                            [(f"{r['pairs']:,}", r["clock_segments_s"], r["per_knot_s"] or "not run",
+                              r["speedup"] or "") for r in results["clock"]],
+                            title="clock alignment: segments from a node's clock pairs"), end="")
     print(f"results: {out_dir / 'analysis.json'}")
     return 0
 
