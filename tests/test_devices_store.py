@@ -97,3 +97,33 @@ def test_retention_cuts_gpu_samples_and_errors_by_whole_intervals(tmp_path):
     writer.stop()
     assert query(db, "SELECT ts FROM gpu_samples") == [(recent,)]
     assert query(db, "SELECT ts FROM gpu_errors") == [(recent,)]
+
+
+# ---- straggler status: are the devices read, how many GPUs -----------------------------------------
+def status_of(db, meta, xids=0):
+    from straggler.cli.status import status_rows
+    from straggler.store.status import collect_status
+    conn = open_store(db, "n1")
+    conn.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", list(meta.items()))
+    conn.executemany("INSERT INTO gpu_errors(node, ts, pci_bus_id, xid, origin, message) VALUES ('n1', ?, "
+                     "'0000:c1:00', 79, 'kernel', 'x')", [(i,) for i in range(xids)])
+    conn.close()
+    status = collect_status(db)
+    return status["devices"], dict(status_rows(status))["GPUs"]
+
+
+def test_status_says_how_many_gpus_are_read_and_the_xid_errors(tmp_path):
+    devices, line = status_of(str(tmp_path / "s.db"), {"devices_state": "read", "devices_gpus": "4",
+                                                       "devices_interval_ns": "1000000000", "devices_driver": "550.54",
+                                                       "xid_state": "read"}, xids=2)
+    assert (devices["read"], devices["gpus"], devices["xid_read"], devices["xid_errors"]) == (True, 4, True, 2)
+    assert line == "4 read through NVML every 1 s (driver 550.54); Xid errors from the kernel log: 2"
+
+
+def test_status_says_why_no_gpu_is_read(tmp_path):
+    why = "the nvidia-ml-py package (pynvml) is not installed: pip install nvidia-ml-py"
+    devices, line = status_of(str(tmp_path / "s.db"), {"devices_state": "not read", "devices_reason": why,
+                                                       "xid_state": "read"})
+    assert devices["read"] is False and line == f"not read: {why}"
+    _, old = status_of(str(tmp_path / "old.db"), {})       # an agent before the devices: nothing claimed
+    assert old == "-"

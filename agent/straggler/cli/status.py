@@ -29,11 +29,26 @@ def status_rows(status):
                                                        f", newest {status['summary_age_s']:g} s old")
          + ("" if status.get("summary_cpu_percent") is None else
             f", {status['summary_cpu_percent']:g}% of one core to make")),
+        ("GPUs", gpus_line(status.get("devices"))),
         ("agent RSS", fmt_bytes(status["agent_rss_bytes"])),
         ("lost events", f"{status['lost_events_total']} total, {status['lost_events_recent']} in the last minute"),
         ("DB size", f"{fmt_bytes(status['db_size_bytes'])} (WAL {fmt_bytes(status['wal_bytes'])})"),
     ]
     return [list(row) for row in lines]
+
+
+def gpus_line(devices):
+    """Whether the agent reads the GPUs and the Xid errors, in one line (status['devices'])."""
+    if not devices or devices.get("read") is None:
+        return "-"
+    if not devices["read"]:
+        return f"not read: {devices['why_not'] or '?'}"
+    text = f"{devices['gpus']} read through NVML" + (
+        f" every {devices['interval_s']:g} s" if devices.get("interval_s") else "") + (
+        f" (driver {devices['driver']})" if devices.get("driver") else "")
+    if devices.get("xid_read"):
+        return text + f"; Xid errors from the kernel log: {devices.get('xid_errors') or 0}"
+    return text + f"; Xid errors not read: {devices.get('xid_why_not') or '?'}"
 
 
 def add_arguments(parser):

@@ -102,9 +102,28 @@ def collect_status(db_path) -> dict:
             if newest is not None and status.get("last_interval_age_s") is not None:
                 # the same boot's clock: how old the newest step-time summary is (a live watch reads it)
                 status["summary_age_s"] = round(max(0, time.monotonic_ns() - newest) / 1e9, 1)
+        status["devices"] = _devices(conn, meta)
     finally:
         conn.close()
     return status
+
+
+def _devices(conn, meta):
+    """Whether the agent reads the GPUs (NVML) and the kernel's Xid errors, how many GPUs, and why not
+    (meta devices_*, xid_*; docs/devices.md). read is None for an agent that predates them."""
+    state, interval = meta.get("devices_state"), meta.get("devices_interval_ns", "")
+    gpus = meta.get("devices_gpus", "")
+    errors = None
+    if _table_exists(conn, "gpu_errors"):
+        errors = conn.execute("SELECT count(*) FROM gpu_errors").fetchone()[0]
+    return {"read": None if state is None else state == "read",
+            "gpus": int(gpus) if str(gpus).isdigit() else None,
+            "why_not": meta.get("devices_reason") if state == "not read" else None,
+            "driver": meta.get("devices_driver"),
+            "interval_s": int(interval) / 1e9 if str(interval).isdigit() else None,
+            "xid_read": None if meta.get("xid_state") is None else meta.get("xid_state") == "read",
+            "xid_why_not": meta.get("xid_reason") if meta.get("xid_state") == "not read" else None,
+            "xid_errors": errors}
 
 
 def _rates(conn):
