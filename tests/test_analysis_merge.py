@@ -206,3 +206,43 @@ def test_merging_a_merged_database_keeps_node_names_and_meta(node_dbs, tmp_path)
     assert _count(out, "SELECT ts_aligned FROM events WHERE seq = 0 AND node = 'gpu-node-03'") == [(synth.REFERENCE_T0_NS,)]
     assert dict(_count(out, "SELECT key, value FROM meta"))["node.gpu-node-04.node"] == "gpu-node-04"
     assert merge_mod.parse_renames(["a=b"]) == [("a", "b")]
+
+
+def test_the_device_tables_of_every_node_are_merged(tmp_path):
+    """gpus, gpu_samples, gpu_processes and gpu_errors (schema 3) are node tables: a merged cluster.db
+    holds every node's rows under its node name; a node store without them (schema 2) merges as before."""
+    from straggler.store.schema import GPU_SAMPLE_COLUMNS
+    from straggler.store.writer import open_store
+    paths = []
+    for n, node in enumerate(("gpu-node-01", "gpu-node-02")):
+        path = str(tmp_path / f"{node}.db")
+        conn = open_store(path, node)
+        conn.execute("INSERT INTO clock_pairs(node, mono_ns, real_ns) VALUES (?, 1000, 1700000000000000000)", (node,))
+        for gpu in range(2):
+            conn.execute("INSERT INTO gpus(node, gpu, uuid, pci_bus_id, ts) VALUES (?, ?, ?, '0000:c1:00.0', 5)",
+                         (node, gpu, f"GPU-{n}{gpu}"))
+            sample = dict.fromkeys(GPU_SAMPLE_COLUMNS)
+            sample.update(node=node, ts=2000, gpu=gpu, sm_clock_mhz=990 if (n, gpu) == (1, 1) else 1980)
+            conn.execute(f"INSERT INTO gpu_samples({', '.join(sample)}) VALUES ({', '.join('?' * len(sample))})",
+                         tuple(sample.values()))
+        conn.execute("INSERT INTO gpu_processes(node, pid, gpu, how, first_seen) VALUES (?, 42, 1, 'nvml', 10)", (node,))
+        conn.execute("INSERT INTO gpu_errors(node, ts, gpu, pci_bus_id, xid, origin, message) "
+                     "VALUES (?, 3000, 1, '0000:c1:00', 79, 'kernel', 'NVRM: Xid ...')", (node,))
+        conn.close()
+        paths.append(path)
+    old = str(tmp_path / "old.db")
+    conn = sqlite3.connect(old)
+    conn.executescript("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);"
+                       "INSERT INTO meta VALUES ('schema_version', '2'), ('node', 'gpu-node-03');"
+                       "CREATE TABLE clock_pairs (node TEXT NOT NULL, mono_ns INTEGER NOT NULL, real_ns INTEGER NOT NULL);"
+                       "INSERT INTO clock_pairs VALUES ('gpu-node-03', 1000, 1700000000000000000);")
+    conn.close()
+    out = str(tmp_path / "cluster.db")
+    summary = merge(paths + [old], out)
+    assert summary["rows"]["gpu_samples"] == 4 and summary["rows"]["gpu_errors"] == 2
+    assert _count(out, "SELECT node, gpu, uuid FROM gpus ORDER BY node, gpu") == [
+        ("gpu-node-01", 0, "GPU-00"), ("gpu-node-01", 1, "GPU-01"), ("gpu-node-02", 0, "GPU-10"), ("gpu-node-02", 1, "GPU-11")]
+    assert _count(out, "SELECT node, gpu FROM gpu_samples WHERE sm_clock_mhz < 1980") == [("gpu-node-02", 1)]
+    assert _count(out, "SELECT node, pid, gpu FROM gpu_processes ORDER BY node") == [("gpu-node-01", 42, 1),
+                                                                                   ("gpu-node-02", 42, 1)]
+    assert _count(out, "SELECT node, xid FROM gpu_errors ORDER BY node") == [("gpu-node-01", 79), ("gpu-node-02", 79)]

@@ -23,7 +23,7 @@ from .errors import MergeError, show
 
 # The node tables merge reads and copies (all carry a node column), in dependency-free order.
 NODE_TABLES = ("clock_pairs", "clock_offsets", "processes", "probes", "lost_events", "agent_cost",
-               "aggregates", "thread_time", "events")
+               "aggregates", "thread_time", "gpus", "gpu_samples", "gpu_processes", "gpu_errors", "events")
 # Everything merge reads from an input: each must be a plain table (or absent, for NODE_TABLES).
 READ_OBJECTS = ("meta",) + NODE_TABLES
 SQLITE_HEADER = b"SQLite format 3\x00"
