@@ -9,7 +9,7 @@ new kernel log records, a bounded number at a time (gpu_errors). Rows go to `sub
 state to `set_meta(key, value)` (the StoreWriter's methods). A failure inside one part is recorded in
 meta `devices_error` and the thread goes on.
 
-The agent builds it, calls start() (which returns the lines to say once on stderr) and stop().
+The agent builds it, calls start() (which returns what is not read and why, to say once) and stop().
 This module must not import BCC and prints nothing.
 """
 import threading
@@ -55,7 +55,8 @@ class DeviceMonitor:
 
     # ---- start / stop -----------------------------------------------------------------------------
     def start(self, now_ns=None, thread=True):
-        """Open NVML and the kernel log; start the thread. Returns the lines to say once (stderr)."""
+        """Open NVML and the kernel log; start the thread. Returns what is not read and why, to say once:
+        [("gpu", why), ("xid", why)] (empty when both are read)."""
         now_ns = time.monotonic_ns() if now_ns is None else now_ns
         notices = []
         if self.read_nvml:
@@ -86,7 +87,8 @@ class DeviceMonitor:
         else:
             self.set_meta("devices_state", "not read")
             self.set_meta("devices_reason", self.nvml_reason)
-            notices.append(f"straggler: no GPU is read: {self.nvml_reason}")
+            if self.read_nvml:           # turned off on purpose: nothing to say
+                notices.append(("gpu", self.nvml_reason))
         if self.read_nvml:
             self.kmsg = KmsgReader(self.kmsg_path, max_records=KMSG_RECORDS_PER_READ)
             try:
@@ -94,7 +96,7 @@ class DeviceMonitor:
             except OSError as exc:
                 self.kmsg = None
                 self.xid_reason = f"cannot read {self.kmsg_path} ({exc.strerror}): run the agent as root"
-                notices.append(f"straggler: Xid errors are not read: {self.xid_reason}")
+                notices.append(("xid", self.xid_reason))
         else:
             self.xid_reason = "turned off (--no-gpu)"
         self.set_meta("xid_state", "read" if self.kmsg is not None else "not read")
