@@ -107,3 +107,24 @@ def test_the_role_checks_the_duration_with_the_parsers_own_pattern():
 
 def test_trace_refuses_a_bad_duration_in_one_line(tmp_path):
     assert_one_line_error(trace("--duration", "5 minutes", "--db", str(tmp_path / "t.db")), "--duration", "5m")
+
+
+def test_the_command_line_makes_the_same_options_as_plain_values(tmp_path):
+    """The agent takes plain values (AgentOptions), whoever makes them: the command's arguments give
+    the options a caller would write by hand, units and 'no limit' included."""
+    from straggler.agent import AgentOptions
+    from straggler.cli import build_parser
+    from straggler.cli.trace import agent_options
+    from straggler.tls import TLSOptions
+    db = str(tmp_path / "t.db")
+    args = build_parser(only="trace").parse_args(
+        ["trace", "--node", "n1", "--db", db, "--duration", "5m", "--max-db", "0", "--max-age", "1h", "--interval", "2",
+         "--summary-interval", "0.5", "--sample", "0", "--no-tls", "--metrics-listen", "127.0.0.1:0"])
+    opts = agent_options(args)
+    assert opts == AgentOptions(node="n1", db=db, duration_s=300.0, max_db_bytes=None, max_age_s=3600.0, interval_s=2.0,
+                                summary_interval_s=0.5, sample=0, tls=TLSOptions(no_tls=True),
+                                metrics_listen="127.0.0.1:0")
+    assert (opts.interval_ns, opts.summary_ns, opts.max_age_ns, opts.slow_floor_ns) == (2 * 10**9, 5 * 10**8,
+                                                                                        3600 * 10**9, 10**7)
+    with pytest.raises(StragglerError, match="^--summary-interval 3 is longer than --interval 2"):
+        AgentOptions(node="n1", interval_s=2, summary_interval_s=3)

@@ -1,142 +1,121 @@
-"""`straggler trace`: the node agent. Traces CUDA/NCCL calls, scheduling and block I/O with BCC
-into the node's SQLite store, until --duration ends or SIGTERM/SIGINT (then it flushes and
-exits 0).
+"""The node agent that `straggler trace` (straggler.cli.trace) runs: traces CUDA/NCCL calls,
+scheduling and block I/O with BCC into the node's SQLite store, until its duration ends or
+SIGTERM/SIGINT (then it flushes and returns 0).
 
 Flow (one way): probes (bpf/, probes/) -> this loop (drain, decode, stamp ranks, aggregate per
-interval) -> store/writer.py (one writer thread) -> SQLite. Every `--interval` seconds it writes
-the interval's aggregates, lost events, its own cost and a clock pair; every `--summary-interval`
-seconds (1) the step-time model's summaries (thread_time: what explain, watch and /metrics read).
-Every `--rescan` seconds
-it looks in /proc for new targets, scope members and CUDA libraries (attached at once, no
-restart). When all probes are attached it prints ONE line to stderr, the ready signal:
+interval) -> store/writer.py (one writer thread) -> SQLite. Every interval (AgentOptions.interval_s)
+it writes the interval's aggregates, lost events, its own cost and a clock pair; every summary
+interval (1 s) the step-time model's summaries (thread_time: what explain, watch and /metrics read).
+Every `rescan_s` seconds it looks in /proc for new targets, scope members and CUDA libraries
+(attached at once, no restart). What it has to tell its user (ready: every probe attached; a
+library attached later; no CUDA library yet) goes to an AgentEvents, which the CLI renders.
 
-    straggler: tracing (N probes) node=NODE db=PATH
-
-Which calls get a row is straggler.probes.RECORD_RULE (also in --help).
-This module must not be imported by anything but the CLI: it starts threads and BPF.
+Which calls get a row is straggler.probes.RECORD_RULE.
+This module holds no argparse and prints nothing; it must not be imported by anything but the CLI:
+it starts threads and BPF.
 """
-import argparse
 import json
 import os
 import resource
 import signal
 import socket
-import sys
 import time
+from dataclasses import dataclass, field
+from typing import List, Optional
 
 from . import __version__, defaults
-from .durations import parse_duration
 from .errors import StragglerError, UsageError
-from .probes import RECORD_RULE
+from .tls import TLSOptions
 
-DEFAULT_DB = defaults.DB_PATH
 DRAIN_PERIOD_S = 0.05
 
 
-def add_arguments(parser):
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = (RECORD_RULE + "\n\nReady signal: once every probe is attached, one line on stderr:\n"
-                     "  straggler: tracing (N probes) node=NODE db=PATH\n"
-                     "SIGTERM/SIGINT: flush and exit 0. Needs root.")
-    parser.add_argument("--node", help="node name stamped on every event (default: the hostname; no ':')")
-    parser.add_argument("--db", default=DEFAULT_DB, help=f"SQLite database (default {DEFAULT_DB})")
-    parser.add_argument("--duration", metavar="TIME",
-                        help="stop after this long: seconds (300) or with a unit (90s, 5m, 1h, 2d) "
-                             "(default: until SIGTERM/SIGINT)")
-    parser.add_argument("--pid", type=int, action="append", default=[], metavar="PID",
-                        help="trace this process and its children (repeatable)")
-    parser.add_argument("--comm", action="append", default=[], metavar="PATTERN",
-                        help="trace processes whose name matches this glob (repeatable). Default without --pid/--comm: "
-                             "every process that maps a CUDA library")
-    parser.add_argument("--cuda-lib", action="append", default=[], metavar="PATH",
-                        help="also attach to this CUDA/NCCL library (repeatable); libraries mapped by processes and in "
-                             "the usual install paths (with --scope host) are found without it")
-    parser.add_argument("--scope", choices=["host", "netns"], default="host",
-                        help="host: every process (default); netns: only processes in the agent's network namespace")
-    parser.add_argument("--record-all", action="store_true", help="a row for every call (see below)")
-    parser.add_argument("--sample", type=int, default=100, metavar="N",
-                        help="also record a random 1 in N of the other calls (default 100; 0: none)")
-    parser.add_argument("--slow-factor", type=float, default=8.0, metavar="F",
-                        help="a call >= F x the running median of its op is slow (default 8)")
-    parser.add_argument("--slow-floor-us", type=float, default=10000.0, metavar="US",
-                        help="a call >= US microseconds is always slow (default 10000)")
-    parser.add_argument("--interval", type=float, default=5.0, metavar="S",
-                        help="aggregation / cost / clock-pair interval, and the unit of retention (default 5)")
-    parser.add_argument("--summary-interval", type=float, default=1.0, metavar="S",
-                        help="the step-time model's summaries (thread_time: what explain, watch and /metrics read) "
-                             "every S seconds (default 1)")
-    parser.add_argument("--rescan", type=float, default=2.0, metavar="S",
-                        help="look for new processes and libraries every S seconds (default 2)")
-    parser.add_argument("--max-db", default="1G", metavar="BYTES",
-                        help="keep the database (with its WAL) under this size, dropping the oldest whole intervals "
-                             "(default 1G; K/M/G suffixes; 0: no limit)")
-    parser.add_argument("--max-age", metavar="TIME", help="drop data older than this: seconds or 90s, 5m, 1h, 2d")
-    parser.add_argument("--ringbuf-kb", type=int, default=8192, metavar="KB",
-                        help="size of the ring buffer for calls (default 8192)")
-    parser.add_argument("--sys-ringbuf-kb", type=int, default=4096, metavar="KB",
-                        help="size of the ring buffer for scheduling, block I/O and process events (default 4096)")
-    parser.add_argument("--listen", metavar="ADDR:PORT",
-                        help="also serve the database's API while tracing (as `straggler serve`)")
-    try:
-        from .cli.common import add_metrics_arguments, add_tls_arguments
-        add_tls_arguments(parser)
-        add_metrics_arguments(parser)
-    except ImportError:  # the API part is optional for tracing
-        pass
+@dataclass
+class AgentOptions:
+    """The settings of one agent run, checked when made (a bad value is a one-line UsageError that
+    names the `straggler trace` option it comes from). Times in the units the options take."""
+    node: Optional[str] = None          # None: this host's name; no ':' or spaces (event ids are NODE:SEQ)
+    db: str = defaults.DB_PATH
+    duration_s: Optional[float] = None  # None: until SIGTERM/SIGINT
+    pids: List[int] = field(default_factory=list)          # trace these processes and their children
+    comms: List[str] = field(default_factory=list)         # and processes whose name matches these globs
+    cuda_libs: List[str] = field(default_factory=list)     # also attach to these libraries (made absolute)
+    scope: str = "host"                 # host: every process; netns: the agent's network namespace only
+    record_all: bool = False
+    sample: int = 100                   # also record a random 1 in N of the other calls (0: none)
+    slow_factor: float = 8.0            # a call >= F x the running median of its op is slow
+    slow_floor_us: float = 10000.0      # a call this long is always slow
+    interval_s: float = 5.0             # aggregation / cost / clock-pair interval, unit of retention
+    summary_interval_s: float = 1.0     # the step-time model's summaries
+    rescan_s: float = 2.0
+    max_db_bytes: Optional[int] = 1 << 30   # None: no limit
+    max_age_s: Optional[float] = None
+    ringbuf_kb: int = 8192
+    sys_ringbuf_kb: int = 4096
+    listen: Optional[str] = None        # also serve the API here (ADDR:PORT)
+    tls: TLSOptions = field(default_factory=TLSOptions)
+    metrics_listen: Optional[str] = None
+    metrics_any_address: bool = False
 
-
-class Options:
-    """Validated settings of one agent run."""
-
-    def __init__(self, args):
-        from .store.writer import parse_size
-        self.node = args.node or socket.gethostname()
+    def __post_init__(self):
+        self.node = self.node or socket.gethostname()
         if not self.node or ":" in self.node or any(c.isspace() for c in self.node):
             raise UsageError(f"--node {self.node!r}: a node name must be non-empty, without ':' or spaces "
                              "(event ids are NODE:SEQ)")
-        self.db = args.db
-        self.duration = parse_duration(args.duration, "--duration") if args.duration is not None else None
-        self.pids = list(args.pid)
         for pid in self.pids:
             if not os.path.exists(f"/proc/{pid}"):
                 raise UsageError(f"--pid {pid}: no such process; check the pid (ps -p {pid})")
-        self.comms = list(args.comm)
-        self.cuda_libs = []
-        for path in args.cuda_lib:
+        for path in self.cuda_libs:
             if not os.path.isfile(path):
                 raise UsageError(f"--cuda-lib {path}: no such file; give the path of libcuda.so.1, libcudart.so.* "
                                  "or libnccl.so.*")
-            self.cuda_libs.append(os.path.abspath(path))
-        self.scope = args.scope
-        self.record_all = args.record_all
-        if args.sample < 0 or args.interval <= 0 or args.rescan <= 0 or args.slow_factor <= 0 \
-                or args.summary_interval <= 0:
+        self.cuda_libs = [os.path.abspath(path) for path in self.cuda_libs]
+        if self.sample < 0 or self.interval_s <= 0 or self.rescan_s <= 0 or self.slow_factor <= 0 \
+                or self.summary_interval_s <= 0:
             raise UsageError("--sample must be >= 0; --interval, --summary-interval, --rescan and --slow-factor > 0")
-        if args.summary_interval > args.interval:
-            raise UsageError(f"--summary-interval {args.summary_interval:g} is longer than --interval "
-                             f"{args.interval:g}: the summaries are the finer of the two")
-        self.sample = args.sample
-        self.slow_factor = args.slow_factor
-        self.slow_floor_ns = int(args.slow_floor_us * 1000)
-        self.interval_ns = int(args.interval * 1e9)
-        self.summary_ns = int(args.summary_interval * 1e9)
-        self.rescan_s = args.rescan
-        max_db = parse_size(args.max_db)
-        self.max_db = max_db or None
-        max_age = parse_duration(args.max_age, "--max-age") if args.max_age is not None else None
-        self.max_age_ns = int(max_age * 1e9) if max_age else None
-        self.ringbuf_kb = args.ringbuf_kb
-        self.sys_ringbuf_kb = args.sys_ringbuf_kb
-        self.listen = args.listen
-        self.metrics_listen = getattr(args, "metrics_listen", None)
-        self.args = args
+        if self.summary_interval_s > self.interval_s:
+            raise UsageError(f"--summary-interval {self.summary_interval_s:g} is longer than --interval "
+                             f"{self.interval_s:g}: the summaries are the finer of the two")
+        self.max_db_bytes = self.max_db_bytes or None
+        self.max_age_s = self.max_age_s or None
+
+    @property
+    def slow_floor_ns(self):
+        return int(self.slow_floor_us * 1000)
+
+    @property
+    def interval_ns(self):
+        return int(self.interval_s * 1e9)
+
+    @property
+    def summary_ns(self):
+        return int(self.summary_interval_s * 1e9)
+
+    @property
+    def max_age_ns(self):
+        return int(self.max_age_s * 1e9) if self.max_age_s else None
+
+
+class AgentEvents:
+    """What the agent has to tell its user while it runs. This one says nothing; the CLI's renders
+    each as a line on stderr (straggler.cli.trace)."""
+
+    def ready(self, probes: int, node: str, db: str, api_url: Optional[str]):
+        """Every probe is attached and the first rows are written (api_url: the API, when serving)."""
+
+    def no_cuda_library(self, scope: str):
+        """No CUDA library found at start: tracing scheduling and block I/O until a process maps one."""
+
+    def attached(self, probes: int, library: str):
+        """A library found after the start, attached (`probes` probes)."""
 
 
 class Agent:
     """One tracing run: probes + targets + writer, driven by run()."""
 
-    def __init__(self, opts: Options):
+    def __init__(self, opts: AgentOptions, events: Optional[AgentEvents] = None):
         self.opts = opts
+        self.events = events or AgentEvents()
         self.stop_requested = False
         self.processes = {}        # tgid -> ProcessInfo (targets)
         self.other_ranks = {}      # pid -> (rank, local_rank) of non-target pids (block submitters)
@@ -185,7 +164,7 @@ class Agent:
         from .store.writer import StoreWriter
         opts = self.opts
         check_environment()
-        self.writer = StoreWriter(opts.db, opts.node, interval_ns=opts.interval_ns, max_db_bytes=opts.max_db,
+        self.writer = StoreWriter(opts.db, opts.node, interval_ns=opts.interval_ns, max_db_bytes=opts.max_db_bytes,
                                   max_age_ns=opts.max_age_ns)
         self.finder = TargetFinder(pids=opts.pids, comm_patterns=opts.comms, scope=opts.scope)
         self.probes = Probes(call_ringbuf_kib=opts.ringbuf_kb, sys_ringbuf_kib=opts.sys_ringbuf_kb)
@@ -205,10 +184,7 @@ class Agent:
             self.writer.submit("probes", [(opts.node, name, library, now)])
         self._rescan(now, initial=True)
         if not self.probes.libraries:
-            where = "none in the usual install paths" if opts.scope == "host" else "install paths are not searched with --scope netns"
-            print(f"straggler: warning: no CUDA library found yet (none mapped by a process in scope, {where}); "
-                  "tracing scheduling and block I/O, and attaching when a process maps one "
-                  "(or pass --cuda-lib PATH)", file=sys.stderr, flush=True)
+            self.events.no_cuda_library(opts.scope)
         for key, value in (("agent_version", __version__), ("agent_pid", os.getpid()), ("agent_state", "running"),
                            ("agent_started_ns", now), ("agent_interval_ns", opts.interval_ns),
                            ("agent_summary_interval_ns", opts.summary_ns),
@@ -224,25 +200,21 @@ class Agent:
         if opts.metrics_listen:
             from .api.metrics import start_plain_server
             self.metrics_server, _ = start_plain_server(opts.db, opts.node, opts.metrics_listen,
-                                                        getattr(opts.args, "metrics_any_address", False))
+                                                        opts.metrics_any_address)
         self.writer.set_meta("agent_ready_ns", time.monotonic_ns())
         self.writer.flush(timeout=10)
         if self.writer.error:
             raise StragglerError(self.writer.error)
-        api = f" api={getattr(self.api, 'url', opts.listen)}" if self.api is not None else ""
-        print(f"straggler: tracing ({self.probes.probe_count} probes) node={opts.node} db={opts.db}{api}",
-              file=sys.stderr, flush=True)
+        self.events.ready(self.probes.probe_count, opts.node, opts.db,
+                          getattr(self.api, "url", opts.listen) if self.api is not None else None)
 
     def _start_api(self):
         try:
             from .api import server as api_server
-            from . import tls
         except ImportError as exc:
             raise StragglerError(f"--listen needs the API module ({exc}): update straggler, or run "
                                  "`straggler serve` separately") from None
-        from .cli.common import tls_options
-        tls_opts = tls_options(self.opts.args)
-        self.api = api_server.start_background(self.opts.db, self.opts.node, self.opts.listen, tls_opts)
+        self.api = api_server.start_background(self.opts.db, self.opts.node, self.opts.listen, self.opts.tls)
 
     # ---- periodic work --------------------------------------------------------------------------
     def _rescan(self, now_ns, initial=False):
@@ -274,7 +246,7 @@ class Agent:
                                               for name, lib in self.probes.attached if lib == path]
                                    + [(self.opts.node, name, lib, None) for name, lib in self.probes.missing if lib == path])
                 if not initial:
-                    print(f"straggler: attached {attached} probes to {path}", file=sys.stderr, flush=True)
+                    self.events.attached(attached, path)
         if initial:
             for path in self.opts.cuda_libs:
                 identity = symbols.file_identity(path)
@@ -486,7 +458,7 @@ class Agent:
         try:
             self.start()
             self.last_hits = sum(self.probes.hit_totals())
-            deadline = time.monotonic_ns() + int(opts.duration * 1e9) if opts.duration else None
+            deadline = time.monotonic_ns() + int(opts.duration_s * 1e9) if opts.duration_s else None
             interval_start = time.monotonic_ns() // opts.interval_ns * opts.interval_ns
             summary_start = time.monotonic_ns() // opts.summary_ns * opts.summary_ns
             next_rescan = time.monotonic() + opts.rescan_s
@@ -562,6 +534,3 @@ def _rss_bytes():
     except (OSError, ValueError, IndexError):
         return None
 
-
-def run(args) -> int:
-    return Agent(Options(args)).run()
