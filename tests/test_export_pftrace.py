@@ -126,11 +126,11 @@ def test_sched_io_counters_and_findings_are_there(dbs):
     assert tr.tracks[straggler[0]["track"]].name == "findings (explain)"
     assert tr.node_of(straggler[0]["track"]) == "gpu-node-03"
     assert "gpu-node-03" in straggler[0]["args"]["summary"]
-    # ... where the writer began to take its CPU (explain's first slice in which it waited less)
+    # ... where the writer began to take its CPU (the episode's start, to a summary interval: 1 s)
     began = min(s["ts"] for s in tr.slices if s["name"] == "preempted by ckpt-writer"
                 and tr.node_of(s["track"]) == "gpu-node-03")
-    slice_ns = straggler[0]["args"]["window_s"] * 1e9 / N_SLICES
-    assert began - slice_ns <= straggler[0]["ts"] <= began + 2 * slice_ns, (straggler[0]["ts"] - began) / 1e9
+    tolerance_ns = max(straggler[0]["args"]["window_s"] * 1e9 / N_SLICES, 1e9)
+    assert began - tolerance_ns <= straggler[0]["ts"] <= began + 2 * tolerance_ns, (straggler[0]["ts"] - began) / 1e9
     assert dbs["summary"]["straggler"] == tr.meta["straggler"] == "gpu-node-03"
 
 

@@ -4,6 +4,7 @@ comm that ps, /proc/PID/comm and the kernel's tracepoints show, and what the age
 "who ran instead" / "who wrote"):
 
     python -m straggler_lab.demo.hogs cpu  [--threads 2] [--cpu C] [--nice -10] [--rr] [--seconds S]
+                                            [--on-s X --off-s Y]
     python -m straggler_lab.demo.hogs disk --dir DIR [--threads 4] [--chunk-mb 4] [--file-mb 64] [--seconds S]
 
 cpu (comm "cpuhog"): N threads that burn CPU (hashing a large buffer: the GIL is released
@@ -11,7 +12,8 @@ while hashing, so they really run at once), pinned to --cpu when given; --nice l
 nice value of its threads and, when it leads a session of its own, of that session's
 scheduling autogroup (/proc/self/autogroup: with autogroups on, a plain nice only counts
 against its own session); --rr makes its threads
-SCHED_RR priority 1 instead (real-time: they take the core from every normal task).
+SCHED_RR priority 1 instead (real-time: they take the core from every normal task); with --on-s and
+--off-s it burns for X seconds, sleeps for Y, and again (a fault that comes and goes), from its start.
 disk (comm "diskhog"): --threads writers, each writing --chunk-mb with O_DIRECT at rolling
 offsets of its own --file-mb file under --dir, with an fdatasync after each write, in a loop;
 the files are removed at the end.
@@ -67,8 +69,16 @@ def run_cpu(args):
     stop, deadline = _stop_event(args.seconds)
     buf = b"\xa5" * (4 << 20)
 
+    started = time.monotonic()
+    cycle = (args.on_s or 0) + (args.off_s or 0)
+
     def spin():
         while not stop.is_set():
+            if cycle and args.on_s:
+                into = (time.monotonic() - started) % cycle
+                if into >= args.on_s:              # the off part: sleep to the next on part
+                    stop.wait(cycle - into)
+                    continue
             hashlib.sha256(buf).digest()
     threads = [threading.Thread(target=spin, daemon=True) for _ in range(max(1, args.threads))]
     for thread in threads:
@@ -147,6 +157,8 @@ def build_arg_parser():
     cpu.add_argument("--nice", type=int, default=0, help="nice value (threads and the session's autogroup)")
     cpu.add_argument("--rr", action="store_true", help="SCHED_RR priority 1 instead of a nice value")
     cpu.add_argument("--seconds", type=float, default=60.0)
+    cpu.add_argument("--on-s", type=float, default=None, help="burn for this long, then sleep --off-s, and again")
+    cpu.add_argument("--off-s", type=float, default=0.0)
     disk = sub.add_parser("disk", help="diskhog: O_DIRECT writes + fdatasync in a loop")
     disk.add_argument("--dir", required=True, help="where its file goes (the file system to load)")
     disk.add_argument("--threads", type=int, default=4, help="writers, each with its own file")

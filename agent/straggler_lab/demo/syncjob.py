@@ -282,6 +282,7 @@ def build_arg_parser():
     p = argparse.ArgumentParser(prog="python -m straggler_lab.demo.syncjob", description=__doc__.split("\n\n")[0])
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world", type=int, required=True, help="number of ranks")
+    p.add_argument("--local-rank", type=int, default=0, help="its rank on its node (LOCAL_RANK; default 0)")
     p.add_argument("--root", required=True, help="ADDR:PORT where rank 0 listens (STRAGGLER_STANDIN_NCCL_ROOT)")
     p.add_argument("--style", choices=["blocking", "enqueue"], default="blocking",
                    help="NCCL style (STRAGGLER_STANDIN_NCCL_MODE), see above")
@@ -305,7 +306,7 @@ def _exec_with_identity(args, argv):
     (what /proc/PID/environ shows to the agent); returns only when they are already there."""
     addr, _, port = args.root.rpartition(":")
     want = {
-        "RANK": str(args.rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(args.world),
+        "RANK": str(args.rank), "LOCAL_RANK": str(args.local_rank), "WORLD_SIZE": str(args.world),
         "MASTER_ADDR": addr.strip("[]"), "MASTER_PORT": port,
         "STRAGGLER_STANDIN_NCCL_MODE": args.style, "STRAGGLER_STANDIN_NCCL_ROOT": args.root,
     }

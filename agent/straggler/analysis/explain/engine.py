@@ -161,6 +161,8 @@ def _episodes(runner, opts, report, callers, span_rows):
     found = timeline.find_episodes(series, opts.episode_options()) if series else []
     judged = []
     for e in found:
+        timeline.zoom_in(runner, series, e, opts.min_gap)
+    for e in found:
         windows = timeline.episode_windows(series, e, found)
         if not windows:
             continue

@@ -11,7 +11,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from ...store.steptime import WAIT_DEFS, rank_time
-from . import episodes as ep, sql
+from . import episodes as ep, sql, zoom
 from .windows import Window
 
 MAX_SERIES_ROWS = 400_000      # rows the series query may return: bins grow on a long trace of many ranks
@@ -19,6 +19,7 @@ HELPERS_PER_RANK = 4           # the series rows per rank and bin it budgets for
 NEIGHBOURHOOD_S = 600.0        # a rank's clean time judged against an episode lies within this of it
 MERGE_BINS = 2                 # runs of one node's ranks this close are one episode
 MIN_CLEAN_BINS = 3             # clean time around an episode its slowdown is measured against
+BIN_CYCLE = 4                  # an intermittent fault's on-bins are judged apart when its period is this many bins
 
 
 @dataclass
@@ -73,6 +74,11 @@ class Episode:
     period_bins: float = None
     cycles: int = 0
     reaches_end: bool = False      # still going where the trace ends
+    lead: tuple = None             # the rank that straggles most in it
+    wait_def: str = "blocking"     # the wait definition that separates it
+    start_ns: int = None           # on the fleet timeline (the bins' edges, or finer: zoom_in)
+    end_ns: int = None
+    zoom_sql: str = None
 
 
 def node_clocks(runner, nodes):
@@ -176,26 +182,29 @@ def usable(series, key):
 
 
 def gaps(series):
-    """Per rank, per bin: how much less than the others' median it waits (the larger of the two wait
-    definitions, blocking and enqueue: the one that separates it), over its usable bins."""
+    """Per rank, per bin: how much less than the others' median it waits, over its usable bins ->
+    ({rank: [the larger of the two wait definitions' gaps]}, {wait_def: {rank: [gap]}}): the larger is the
+    definition that separates it (blocking: collectives and blocked; enqueue: synchronize too)."""
     usable_of = {key: usable(series, key) for key in series.ranks}
-    out = None
+    per_def = {}
     for wait_def in WAIT_DEFS:
         waits = {key: [rt.wait_share(wait_def) if b in usable_of[key] else None for b, rt in enumerate(rts)]
                  for key, rts in series.ranks.items()}
-        g = ep.gap_series(waits)
-        if out is None:
-            out = g
-        else:
-            out = {k: [a if b is None else b if a is None else max(a, b) for a, b in zip(out[k], g[k])] for k in out}
-    return out or {}
+        per_def[wait_def] = ep.gap_series(waits)
+    out = {}
+    for key in series.ranks:
+        columns = [per_def[d][key] for d in WAIT_DEFS]
+        out[key] = [None if all(c[b] is None for c in columns) else max(c[b] for c in columns if c[b] is not None)
+                    for b in range(series.n_bins)]
+    return out, per_def
 
 
 def find_episodes(series, eopts):
     """The straggle episodes of the trace, per node (its ranks' runs that overlap are one episode),
     in time order."""
     by_node = {}
-    for key, g in gaps(series).items():
+    best, per_def = gaps(series)
+    for key, g in best.items():
         for run in ep.straggling_runs(g, eopts):
             by_node.setdefault(key[0], []).append((key, run))
     out = []
@@ -204,16 +213,16 @@ def find_episodes(series, eopts):
         group = []
         for key, run in runs:
             if group and run.start > max(r.end for _, r in group) + MERGE_BINS:
-                out.append(_episode(node, group, series))
+                out.append(_episode(node, group, series, per_def))
                 group = []
             group.append((key, run))
         if group:
-            out.append(_episode(node, group, series))
+            out.append(_episode(node, group, series, per_def))
     out.sort(key=lambda e: e.start)
     return out
 
 
-def _episode(node, group, series):
+def _episode(node, group, series, per_def):
     runs = {}
     for key, run in group:          # one rank twice in a group: keep its longer run
         if key not in runs or run.bins > runs[key].bins:
@@ -226,6 +235,43 @@ def _episode(node, group, series):
     e.duty, e.cycles = lead.duty, lead.cycles
     e.period_bins = lead.period_bins() if e.intermittent else None
     e.reaches_end = e.end >= series.n_bins - 1
+    e.lead = max(runs, key=lambda k: runs[k].mean_gap * runs[k].bins)
+
+    def mean_gap(wait_def):
+        values = [g for g in per_def[wait_def][e.lead][lead.start:lead.end] if g is not None]
+        return statistics.mean(values) if values else 0.0
+    e.wait_def = max(WAIT_DEFS, key=mean_gap)
+    e.start_ns, e.end_ns = series.bin_start(e.start), series.bin_start(e.end)
+    return e
+
+
+def zoom_in(runner, series, e, min_gap):
+    """Look at episode `e` sub-second by sub-second (zoom.py): whether it comes and goes (its period and
+    duty, replacing what its bins suggested) and where it starts and ends, to a fraction of a second.
+    Left as it was when the agent recorded too few of the ranks' waiting calls."""
+    lo = e.start_ns - zoom.MARGIN_NS
+    hi = min(e.end_ns, e.start_ns + zoom.ZOOM_MAX_NS) + zoom.MARGIN_NS
+    n_subs = max(1, (hi - lo) // zoom.SUB_NS)
+    offsets = {n: c.offset_ns for n, c in series.clocks.items()}
+    text = zoom.calls_sql(series.calling, offsets, lo, hi, e.wait_def)
+    waits = zoom.waits_per_sub(runner.rows(text), lo, n_subs)
+    fine = zoom.fine_gaps(waits, e.lead)
+    on_runs = zoom.on_off(fine, min_gap)
+    e.zoom_sql = text
+    if not on_runs or len(waits) < 2:
+        return e
+    p = zoom.pattern(on_runs)
+    e.intermittent = p["intermittent"]
+    e.duty, e.cycles = p["duty"], p["cycles"]
+    e.period_bins = p["period_s"] * 1e9 / series.bin_ns if p["period_s"] else None
+    first = lo + on_runs[0][0] * zoom.SUB_NS
+    last = lo + on_runs[-1][1] * zoom.SUB_NS
+    if e.start_ns <= first < e.end_ns:             # leading noise that only looked like straggling
+        e.start_ns = first
+        e.start = max(e.start, (first - series.t0_ns) // series.bin_ns)
+    if e.end_ns - e.start_ns <= zoom.ZOOM_MAX_NS and e.start_ns < last <= e.end_ns:
+        e.end_ns = last
+        e.end = min(e.end, -(-(last - series.t0_ns) // series.bin_ns))
     return e
 
 
@@ -244,17 +290,25 @@ def _segments(bins, series, key):
     return tuple(out)
 
 
+def _recent_and_off(series, episode):
+    """The bins an episode is judged over, and its off-bins: a fault that comes and goes slowly enough
+    for the bins to see it (its period at least BIN_CYCLE bins) is judged over its on-bins against its
+    off-bins too; otherwise over its whole span."""
+    lead = episode.runs[episode.lead] if episode.lead in episode.runs else \
+        max(episode.runs.values(), key=lambda r: r.mean_gap * r.bins)
+    if episode.intermittent and episode.period_bins and episode.period_bins >= BIN_CYCLE and lead.off_runs:
+        on = sorted(b for s, e in lead.on_runs for b in range(s, e) if episode.start <= b < episode.end)
+        off = {b for s, e in lead.off_runs for b in range(s, e)}
+        if on:
+            return on, off
+    return list(range(episode.start, episode.end)), set()
+
+
 def episode_windows(series, episode, all_episodes):
     """Each rank's Window for one episode: the recent part is the episode's bins (the on-bins of its lead
     rank when the fault comes and goes); the baseline is the rank's clean bins around it (no episode of
     any node, data of its own), within NEIGHBOURHOOD_S, plus the off-bins of an intermittent one."""
-    lead = max(episode.runs.values(), key=lambda r: r.mean_gap * r.bins)
-    if episode.intermittent:
-        recent_bins = sorted(b for s, e in lead.on_runs for b in range(s, e))
-        off_bins = {b for s, e in lead.off_runs for b in range(s, e)}
-    else:
-        recent_bins = list(range(episode.start, episode.end))
-        off_bins = set()
+    recent_bins, off_bins = _recent_and_off(series, episode)
     busy = set()
     for other in all_episodes:
         busy.update(range(other.start, other.end))
@@ -307,9 +361,7 @@ def judge(series, episode, all_episodes, analysis):
         if node not in named:
             named.append(node)
     named.sort(key=lambda n: n != episode.node)
-    lead = max(episode.runs.values(), key=lambda r: r.mean_gap * r.bins)
-    recent_bins = (sorted(b for s, e in lead.on_runs for b in range(s, e)) if episode.intermittent
-                   else list(range(episode.start, episode.end)))
+    recent_bins, off_bins = _recent_and_off(series, episode)
     busy = set()
     for other in all_episodes:
         busy.update(range(other.start, other.end))
@@ -317,8 +369,7 @@ def judge(series, episode, all_episodes, analysis):
     job_usable = set.union(*(usable(series, k) for k in series.ranks)) if series.ranks else set()
     clean = [b for b in range(max(0, episode.start - reach), min(series.n_bins, episode.end + reach))
              if b not in busy and b in job_usable]
-    if episode.intermittent:
-        clean += [b for s, e in lead.off_runs for b in range(s, e) if b in job_usable]
+    clean += [b for b in sorted(off_bins) if b in job_usable]
     j = Judged(episode=episode, analysis=analysis, nodes=named, recent_bins=recent_bins)
     during = step_rate(series, [b for b in recent_bins if b in job_usable])
     before = step_rate(series, clean) if len(clean) >= MIN_CLEAN_BINS else None
@@ -356,7 +407,8 @@ def episode_dict(series, j):
     much it cost the job, whether it comes and goes, its causes and findings."""
     from .findings import CAUSE_CLASSES
     e = j.episode
-    start_ns, end_ns = series.bin_start(e.start), series.bin_start(e.end)
+    start_ns = e.start_ns if e.start_ns is not None else series.bin_start(e.start)
+    end_ns = e.end_ns if e.end_ns is not None else series.bin_start(e.end)
     ranks = [dict(node=k[0], pid=k[1], rank=series.rank_of.get(k)) for k in e.keys]
     causes = [dict(node=f.node, cause=f.cause, share=f.share, summary=f.summary) for f in j.findings
               if f.cause in CAUSE_CLASSES]
@@ -364,12 +416,13 @@ def episode_dict(series, j):
     if e.intermittent:
         intermittent = dict(period_s=round(e.period_bins * series.bin_ns / 1e9, 1) if e.period_bins else None,
                             duty=round(e.duty, 2), cycles=e.cycles)
+    sql_used = {"series": series.sql.strip(), **({"zoom": e.zoom_sql.strip()} if e.zoom_sql else {})}
     return dict(node=e.node, nodes=j.nodes, ranks=ranks, start_ns=start_ns, end_ns=end_ns, start=_iso(start_ns),
                 end=_iso(end_ns), duration_s=round((end_ns - start_ns) / 1e9, 1),
                 slowdown=round(j.slowdown, 2), slowdown_estimated=j.slowdown_estimated, lost_s=round(j.lost_s, 1),
                 intermittent=intermittent, ongoing=e.reaches_end, mean_gap=round(e.mean_gap, 3),
                 clock_aligned=all(series.clocks[n].aligned for n in j.nodes),
-                causes=causes, findings=[f.to_dict() for f in j.findings])
+                causes=causes, findings=[f.to_dict() for f in j.findings], sql=sql_used)
 
 
 def timeline_dict(series):

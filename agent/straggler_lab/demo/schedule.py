@@ -1,0 +1,338 @@
+"""Faults on a schedule in one real synchronous job, for explain's episodes: several faults at their
+own times (late in the job, from its first step, coming and going), on one rank or on all the ranks of
+a host, with one or more ranks per host — on the harness's test bed and agents
+(straggler_lab.demo.harness.SyncJobHarness):
+
+    run = run_schedule(h, [Phase("cpu-hog", host=1, start_s=10, end_s=25, on_s=1, off_s=1),
+                           Phase("gpu-slow", rank=2, start_s=35, end_s=50, size=1.5),
+                           Phase("cpu-hog", host=0, start_s=60, end_s=None)], seconds=74)
+    report = diagnose(run, out_dir)        # explain with its DEFAULTS: it is not told when the faults were
+    for p in run.phases: score_phase(run, p, report)   # -> (node right, cause right, start within 5 s)
+
+Each phase checks itself: its slowdown is the job's mean step time over the phase (its first second
+left out) against the job's clean steps (outside every phase); a phase that did not slow the job by
+its `valid_slowdown` is invalid (its expectations are not asserted; the reason says so).
+
+CPU pinning: while a cpu-hog phase runs, the ranks it targets are pinned (every thread) to the CPU its
+hog burns on, and unpinned when it ends; no rank is pinned otherwise (the scheduler moves the others
+off a busy core, as ranks on other machines would not share it). Every wait is bounded; everything
+started is stopped by process group.
+"""
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+from .harness import (CPU_HOG_NICE_BELOW_JOB, CPU_HOG_THREADS, EXPECTED_CAUSE, GPU_FACTOR, HOST_MS, IO_SELF_MB,
+                      SELF_THREADS, VALID_SLOWDOWN, HarnessError, _write_atomic, read_steps, stop_procs)
+
+CONTROL_FAULTS = {"self-contention": ("threads", SELF_THREADS), "host-compute": ("host_ms", HOST_MS),
+                  "gpu-slow": ("gpu_factor", GPU_FACTOR), "io-self": ("io_mb", IO_SELF_MB)}
+SKIP_S = 1.0                 # a phase's first second and the job's first seconds are not steady state
+WARMUP_SKIP_S = 3.0
+START_TOLERANCE_S = 5.0      # an episode starts within this of its phase
+
+
+@dataclass
+class Phase:
+    """One fault of a schedule. Either `rank` (a rank's own fault, or a hog on its host) or `host` (a
+    hog on that host: all its ranks). start_s/end_s from the job's start (end None: to its end);
+    on_s/off_s: it comes and goes; size: the fault's size (the harness's default for the kind)."""
+    fault: str
+    rank: int = None
+    host: int = None
+    start_s: float = 0.0
+    end_s: float = None
+    on_s: float = None
+    off_s: float = None
+    size: float = None
+    valid_slowdown: float = VALID_SLOWDOWN
+    # filled by the run:
+    t_on_ns: int = None
+    t_off_ns: int = None
+    slowdown: float = None
+    valid: bool = False
+    reason: str = ""
+    node: str = None
+    ranks: list = field(default_factory=list)
+
+    @property
+    def expected_cause(self):
+        return EXPECTED_CAUSE[self.fault]
+
+
+@dataclass
+class ScheduleRun:
+    phases: list
+    style: str
+    t_start_ns: int
+    t_end_ns: int
+    clean_step_ms: float
+    agent_dbs: dict
+    rank_nodes: dict
+    case_dir: str
+    real_minus_mono_ns: int           # this machine's realtime minus monotonic (the test bed's hosts share it)
+
+
+def _layout(h, ranks_per_host):
+    world = len(h.hosts) * ranks_per_host
+    return world, {r: h.hosts[r // ranks_per_host] for r in range(world)}
+
+
+def _targets(phase, ranks_per_host, world):
+    if phase.host is not None:
+        return [r for r in range(world) if r // ranks_per_host == phase.host]
+    return [phase.rank]
+
+
+def run_schedule(h, phases, seconds, ranks_per_host=1, name=None, ready_timeout_s=120.0):
+    """Run one job of `seconds` with `phases` applied at their times; -> ScheduleRun."""
+    h._build()
+    h.n_cases += 1
+    name = name or f"{h.n_cases:02d}-schedule-{h.style}"
+    case_dir = h.out / "cases" / name
+    case_dir.mkdir(parents=True, exist_ok=True)
+    stop_file = case_dir / "STOP"
+    if stop_file.exists():
+        stop_file.unlink()
+    world, node_of = _layout(h, ranks_per_host)
+    host_index = {host: i for i, host in enumerate(h.hosts)}
+    for p in phases:
+        p.ranks = _targets(p, ranks_per_host, world)
+        p.node = node_of[p.ranks[0]]
+    controls = {r: case_dir / f"control-rank{r}" for r in range(world)}
+    at_start = {r: "" for r in range(world)}
+    for p in phases:               # a fault from the first step is in the control file before the job starts
+        if p.fault in CONTROL_FAULTS and p.start_s <= 0 and p.on_s is None:
+            for r in p.ranks:
+                at_start[r] += _control_line(p)
+    for r, path in controls.items():
+        _write_atomic(path, at_start[r])
+    port = 29640 + 500 + h.n_cases
+    root = f"{h.bed.hosts[h.hosts[0]]}:{port}"
+    hogs = []
+    try:
+        for r in range(world):
+            argv = [sys.executable, "-m", "straggler_lab.demo.syncjob", "--rank", r, "--world", world,
+                    "--local-rank", r % ranks_per_host, "--root", root, "--style", h.style,
+                    "--standin-dir", h.standin_dir, "--seconds", seconds + ready_timeout_s + 60,
+                    "--stop-file", stop_file, "--log", case_dir / f"steps-rank{r}.csv", "--control", controls[r],
+                    "--job-dir", case_dir]
+            if h.job_nice is not None:
+                argv += ["--autogroup-nice", h.job_nice]
+            h.job.append(h._popen("rank", node_of[r], argv, case_dir / f"rank{r}.log"))
+        _wait_ready(h, case_dir, world, ready_timeout_s)
+        t_start = time.monotonic_ns()
+        real_minus_mono = time.time_ns() - time.monotonic_ns()
+        end = t_start + int(seconds * 1e9)
+        pending = sorted(phases, key=lambda p: p.start_s)
+        active = []
+        while True:
+            h._check_job(case_dir)
+            now = time.monotonic_ns()
+            if now >= end:
+                break
+            for p in list(pending):
+                if now >= t_start + int(max(0.0, p.start_s) * 1e9):
+                    pending.remove(p)
+                    p.t_on_ns = now if p.start_s > 0 else t_start
+                    hogs += _apply(h, p, controls, at_start, case_dir, seconds)
+                    active.append(p)
+            for p in list(active):
+                if p.end_s is not None and now >= t_start + int(p.end_s * 1e9):
+                    active.remove(p)
+                    p.t_off_ns = now
+                    hogs = _remove(h, p, controls, at_start, hogs, case_dir)
+                elif p.fault in CONTROL_FAULTS and p.on_s:
+                    _toggle(p, controls, at_start, now)
+            time.sleep(0.05)
+        for p in active:
+            p.t_off_ns = time.monotonic_ns()
+            hogs = _remove(h, p, controls, at_start, hogs, case_dir)
+        h._stop_job(stop_file)
+        t_end = time.monotonic_ns()
+        h._wait_agents_wrote(t_end - 2_000_000_000)
+    finally:
+        if hogs:
+            stop_procs(hogs, grace_s=10.0)
+        for r, path in controls.items():
+            _write_atomic(path, "")
+        h._stop_job(stop_file)
+    clean = _judge(case_dir, world, phases, t_start, t_end)
+    del host_index
+    return ScheduleRun(phases=phases, style=h.style, t_start_ns=t_start, t_end_ns=t_end, clean_step_ms=clean,
+                       agent_dbs=dict(h.agent_dbs), rank_nodes=node_of, case_dir=str(case_dir),
+                       real_minus_mono_ns=real_minus_mono)
+
+
+def _control_line(p):
+    key, default = CONTROL_FAULTS[p.fault]
+    return f"{key}={p.size if p.size is not None else default}\n"
+
+
+HOG_CPU = 0
+
+
+def _rank_pids(case_dir, ranks):
+    """The pids of the given ranks' processes (found by their step log on the command line)."""
+    marks = {r: f"{case_dir}/steps-rank{r}.csv".encode() for r in ranks}
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        for r, mark in marks.items():
+            if mark in cmdline and b"straggler_lab.demo.syncjob" in cmdline:
+                out[r] = int(entry)
+    return out
+
+
+def _pin(case_dir, ranks, cpus):
+    """Every thread of the ranks' processes on `cpus` (best effort: a thread may just have gone)."""
+    for pid in _rank_pids(case_dir, ranks).values():
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                os.sched_setaffinity(int(tid), cpus)
+            except OSError:
+                pass
+
+
+def _apply(h, p, controls, at_start, case_dir, seconds):
+    if p.fault == "cpu-hog":
+        _pin(case_dir, p.ranks, {HOG_CPU})
+        argv = [sys.executable, "-m", "straggler_lab.demo.hogs", "cpu", "--threads", int(p.size or CPU_HOG_THREADS),
+                "--cpu", HOG_CPU, "--nice", max(-20, (h.job_nice or 0) - CPU_HOG_NICE_BELOW_JOB),
+                "--seconds", seconds + 60]
+        if p.on_s:
+            argv += ["--on-s", p.on_s, "--off-s", p.off_s or 0]
+        return [h._popen("cpuhog", p.node, argv, case_dir / f"cpuhog-{p.node}-{p.start_s:g}.log")]
+    if p.fault in CONTROL_FAULTS:
+        if p.start_s > 0 or p.on_s:
+            for r in p.ranks:
+                _write_atomic(controls[r], at_start[r] + _control_line(p))
+        return []
+    raise HarnessError(f"a schedule does not take the fault {p.fault!r}")
+
+
+def _toggle(p, controls, at_start, now):
+    cycle = p.on_s + (p.off_s or 0)
+    on = ((now - p.t_on_ns) / 1e9) % cycle < p.on_s
+    for r in p.ranks:
+        want = at_start[r] + (_control_line(p) if on else "")
+        try:
+            if controls[r].read_text() != want:
+                _write_atomic(controls[r], want)
+        except OSError:
+            _write_atomic(controls[r], want)
+
+
+def _remove(h, p, controls, at_start, hogs, case_dir):
+    if p.fault == "cpu-hog":
+        mine = [x for x in hogs if x.host == p.node and x.kind == "cpuhog"]
+        stop_procs(mine, grace_s=10.0)
+        _pin(case_dir, p.ranks, set(range(os.cpu_count() or 1)))
+        return [x for x in hogs if x not in mine]
+    for r in p.ranks:
+        at_start[r] = at_start[r].replace(_control_line(p), "", 1)
+        _write_atomic(controls[r], at_start[r])
+    return hogs
+
+
+def _wait_ready(h, case_dir, world, timeout_s):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        h._check_job(case_dir)
+        counts = [len(read_steps(case_dir / f"steps-rank{r}.csv")) for r in range(world)]
+        if min(counts) >= 5 and h._agents_see_uprobes():
+            return
+        if time.monotonic() > deadline:
+            raise HarnessError(f"the job was not ready after {timeout_s:.0f}s: steps per rank {counts} (see {case_dir})")
+        time.sleep(0.5)
+
+
+def _judge(case_dir, world, phases, t_start, t_end):
+    """Each phase's slowdown (its mean step time over the clean median) and validity; returns the clean
+    median step time (ms). Steps are the slowest rank's: in lockstep the ranks' steps end together."""
+    steps = {}
+    for r in range(world):
+        for t, ms in read_steps(case_dir / f"steps-rank{r}.csv"):
+            steps.setdefault(r, []).append((t, ms))
+    rows = [(t, ms) for r in steps for t, ms in steps[r]]
+    skip = int(SKIP_S * 1e9)
+
+    def in_any(t):
+        return any(p.t_on_ns is not None and p.t_on_ns - skip <= t <= (p.t_off_ns or t_end) + 2 * skip
+                   for p in phases)
+    clean = [ms for t, ms in rows if t_start + int(WARMUP_SKIP_S * 1e9) < t <= t_end and not in_any(t)]
+    clean_ms = statistics.median(clean) if clean else float("nan")
+    for p in phases:
+        if p.t_on_ns is None:
+            p.valid, p.reason = False, "never applied"
+            continue
+        during = [ms for t, ms in rows if p.t_on_ns + skip < t <= (p.t_off_ns or t_end)]
+        if not during or clean_ms != clean_ms:
+            p.valid, p.reason = False, "no steps to compare (the job logged nothing in the phase or outside)"
+            continue
+        p.slowdown = statistics.mean(during) / clean_ms
+        p.valid = p.slowdown >= p.valid_slowdown
+        p.reason = (f"{p.fault} on {p.node}: the job x{p.slowdown:.2f}" +
+                    ("" if p.valid else f", under the x{p.valid_slowdown:g} a valid phase needs"))
+    return clean_ms
+
+
+def diagnose(run, out_dir, name="schedule"):
+    """explain with its defaults over the agents' stores merged (the real merge): it is not told when
+    the faults were."""
+    from pathlib import Path
+
+    from straggler.analysis import explain
+    from straggler.analysis.merge import merge
+    from straggler.render.report import to_text
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    db = out_dir / f"{name}.db"
+    if db.exists():
+        db.unlink()
+    merge(sorted(set(run.agent_dbs.values())), str(db))
+    report = explain.explain_db(str(db))
+    (out_dir / f"{name}-explain.txt").write_text(to_text(report, show_sql=False, width=140))
+    return report
+
+
+def episode_of(run, phase, report):
+    """The report's episode of `phase`: on its node, overlapping its time (fleet time = realtime)."""
+    on = phase.t_on_ns + run.real_minus_mono_ns
+    off = (phase.t_off_ns or run.t_end_ns) + run.real_minus_mono_ns
+    found = [e for e in report.episodes if phase.node in (e.get("nodes") or [e["node"]])
+             and e["start_ns"] < off and e["end_ns"] > on]
+    return max(found, key=lambda e: min(off, e["end_ns"]) - max(on, e["start_ns"]), default=None)
+
+
+def score_phase(run, phase, report):
+    """(node right, first cause right, start within START_TOLERANCE_S) of one phase's episode."""
+    e = episode_of(run, phase, report)
+    if e is None:
+        return False, False, False
+    top = max(e.get("causes") or [], key=lambda c: c["share"], default=None)
+    cause_ok = top is not None and top["cause"] == phase.expected_cause
+    start_ok = phase.start_s <= 0 or abs(e["start_ns"] - (phase.t_on_ns + run.real_minus_mono_ns)) <= START_TOLERANCE_S * 1e9
+    return True, cause_ok, start_ok
+
+
+def phantom_episodes(run, report):
+    """Episodes that belong to no phase of their node (a straggler named where there was no fault)."""
+    out = []
+    for e in report.episodes:
+        nodes = e.get("nodes") or [e["node"]]
+        if not any(p.node in nodes and episode_of(run, p, report) is e for p in run.phases if p.t_on_ns):
+            out.append(e)
+    return out
