@@ -9,7 +9,6 @@ play. The fan-in rules live in plugin_utils/aggregation.py; rendering comes from
 from __future__ import annotations
 
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
 
 from ansible_collections.straggler.fleet.plugins.plugin_utils.aggregation import (
     HOST_STATUS_COLUMNS,
@@ -17,6 +16,7 @@ from ansible_collections.straggler.fleet.plugins.plugin_utils.aggregation import
     host_status_rows,
 )
 from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import (
+    ControllerAction,
     SUPPORTED_FORMATS,
     guess_format,
     hostvar,
@@ -24,13 +24,6 @@ from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import 
     plain,
     play_hosts,
     write_if_changed,
-)
-
-ARGUMENT_SPEC = dict(
-    results=dict(type='str', default='straggler_query'),
-    hosts=dict(type='list', elements='str'),
-    dest=dict(type='path'),
-    format=dict(type='str', choices=list(SUPPORTED_FORMATS)),
 )
 
 
@@ -47,18 +40,16 @@ def render_aggregate(table, output_format, render):
     return render.to_json(dict(columns=table['columns'], rows=table['rows'], hosts=table['hosts'], missing=table['missing']))
 
 
-class ActionModule(ActionBase):
+class ActionModule(ControllerAction):
 
-    BYPASS_HOST_LOOP = True
-    TRANSFERS_FILES = False
-    _requires_connection = False
-    _supports_check_mode = True
+    ARGUMENT_SPEC = dict(
+        results=dict(type='str', default='straggler_query'),
+        hosts=dict(type='list', elements='str'),
+        dest=dict(type='path'),
+        format=dict(type='str', choices=list(SUPPORTED_FORMATS)),
+    )
 
-    def run(self, tmp=None, task_vars=None):
-        task_vars = task_vars or {}
-        result = super(ActionModule, self).run(tmp, task_vars)
-        dummy, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
-
+    def run_task(self, args, task_vars, result):
         hosts = play_hosts(task_vars, args['hosts'])
         if not hosts:
             raise AnsibleActionFail('no hosts to aggregate: the play has none; set hosts')

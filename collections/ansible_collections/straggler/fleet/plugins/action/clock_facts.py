@@ -16,18 +16,12 @@ import re
 import time
 
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
 
-from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import import_core
+from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import StragglerAction, import_core
 
 MODULE_NAME = 'straggler.fleet.clock_facts'
 PROBE_COMMAND = 'date +%s%N'
 _NANOSECONDS = re.compile(r'^\d{19,}$')
-
-ARGUMENT_SPEC = dict(
-    samples=dict(type='int', default=5),
-    reads=dict(type='int', default=5),
-)
 
 
 def parse_probe_output(stdout):
@@ -61,10 +55,15 @@ def clock_fact(timed_samples, pair, estimate_offset, probe, method):
     )
 
 
-class ActionModule(ActionBase):
+class ActionModule(StragglerAction):
 
     TRANSFERS_FILES = False
     _supports_check_mode = True
+
+    ARGUMENT_SPEC = dict(
+        samples=dict(type='int', default=5),
+        reads=dict(type='int', default=5),
+    )
 
     def _timed_module_run(self, task_vars, reads):
         sent = time.time_ns()
@@ -79,10 +78,7 @@ class ActionModule(ActionBase):
         host_real = parse_probe_output(answer.get('stdout')) if answer.get('rc') == 0 else None
         return sent, host_real, received
 
-    def run(self, tmp=None, task_vars=None):
-        task_vars = task_vars or {}
-        result = super(ActionModule, self).run(tmp, task_vars)
-        dummy, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+    def run_task(self, args, task_vars, result):
         if args['samples'] < 1 or args['reads'] < 1:
             raise AnsibleActionFail('samples and reads must be at least 1')
         estimate_offset = import_core('clock').estimate_offset

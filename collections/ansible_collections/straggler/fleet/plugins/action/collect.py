@@ -16,17 +16,10 @@ import tempfile
 
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.text.converters import to_text
-from ansible.plugins.action import ActionBase
+
+from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import StragglerAction
 
 MODULE_NAME = 'straggler.fleet.collect'
-
-ARGUMENT_SPEC = dict(
-    dest=dict(type='path', required=True),
-    db=dict(type='path', default='/var/lib/straggler/straggler.db'),
-    straggler_bin=dict(type='path'),
-    snapshot_dir=dict(type='path', default='/var/tmp'),
-    owner=dict(type='str'),
-)
 
 
 def sha256_of(path):
@@ -65,18 +58,24 @@ def install_fetched(fetched_path, final_path, expected_sha256):
     return True
 
 
-class ActionModule(ActionBase):
+class ActionModule(StragglerAction):
 
     TRANSFERS_FILES = True
     _supports_check_mode = True
 
-    def run(self, tmp=None, task_vars=None):
-        task_vars = task_vars or {}
-        result = super(ActionModule, self).run(tmp, task_vars)
-        dummy, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+    # db and snapshot_dir unset: the module's defaults (the agent's store path, /var/tmp) apply
+    ARGUMENT_SPEC = dict(
+        dest=dict(type='path', required=True),
+        db=dict(type='path'),
+        straggler_bin=dict(type='path'),
+        snapshot_dir=dict(type='path'),
+        owner=dict(type='str'),
+    )
+
+    def run_task(self, args, task_vars, result):
         final_path = local_dest(args['dest'], task_vars.get('inventory_hostname'))
 
-        module_args = dict(args)
+        module_args = dict((name, value) for name, value in args.items() if value is not None)
         if not module_args.get('owner') and self._connection.become:
             remote_user = self._get_remote_user()
             become_user = self.get_become_option('become_user')

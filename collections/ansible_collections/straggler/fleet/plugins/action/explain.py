@@ -12,27 +12,14 @@ import json
 import os
 
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
 
 from ansible_collections.straggler.fleet.plugins.plugin_utils.agents import agent_argument_spec, agent_nodes, tls_options
 from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import (
+    ControllerAction,
     core_error_types,
     import_core,
     plain,
     write_if_changed,
-)
-
-ARGUMENT_SPEC = agent_argument_spec(
-    db=dict(type='path'),
-    timeout=dict(type='float'),
-    deadline=dict(type='float'),
-    baseline_fraction=dict(type='float'),
-    last=dict(type='float'),
-    min_gap=dict(type='float'),
-    fail_on_straggler=dict(type='bool', default=False),
-    junit=dict(type='path'),
-    markdown=dict(type='path'),
-    dest=dict(type='path'),
 )
 
 
@@ -46,12 +33,21 @@ def explain_options(args):
     return options
 
 
-class ActionModule(ActionBase):
+class ActionModule(ControllerAction):
 
-    BYPASS_HOST_LOOP = True
-    TRANSFERS_FILES = False
-    _requires_connection = False
-    _supports_check_mode = True
+    ARGUMENT_SPEC = agent_argument_spec(
+        db=dict(type='path'),
+        timeout=dict(type='float'),
+        deadline=dict(type='float'),
+        baseline_fraction=dict(type='float'),
+        last=dict(type='float'),
+        min_gap=dict(type='float'),
+        fail_on_straggler=dict(type='bool', default=False),
+        junit=dict(type='path'),
+        markdown=dict(type='path'),
+        dest=dict(type='path'),
+    )
+    MUTUALLY_EXCLUSIVE = (('db', 'nodes', 'hosts'),)
 
     def _run_explain(self, args, task_vars):
         explain = import_core('analysis.explain')
@@ -68,13 +64,7 @@ class ActionModule(ActionBase):
             options['deadline_s'] = args['deadline']
         return explain.explain_fleet(nodes, tls_options(args), **options)
 
-    def run(self, tmp=None, task_vars=None):
-        task_vars = task_vars or {}
-        result = super(ActionModule, self).run(tmp, task_vars)
-        dummy, args = self.validate_argument_spec(
-            argument_spec=ARGUMENT_SPEC,
-            mutually_exclusive=[('db', 'nodes', 'hosts')],
-        )
+    def run_task(self, args, task_vars, result):
         if args['last'] is not None and args['last'] <= 0:
             raise AnsibleActionFail('last must be > 0 seconds')
         if self._task.check_mode and args['db'] and not os.path.exists(os.path.expanduser(args['db'])):

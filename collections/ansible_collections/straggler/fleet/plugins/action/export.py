@@ -11,23 +11,12 @@ from __future__ import annotations
 import os
 
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
 
 from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import (
+    ControllerAction,
     core_error_types,
     import_core,
     plain,
-)
-
-ARGUMENT_SPEC = dict(
-    db=dict(type='path', required=True),
-    dest=dict(type='path', required=True),
-    format=dict(type='str', choices=['perfetto', 'json']),
-    since=dict(type='raw'),
-    until=dict(type='raw'),
-    node=dict(type='list', elements='str'),
-    findings=dict(type='bool', default=True),
-    around_findings=dict(type='float'),
 )
 
 
@@ -48,17 +37,20 @@ def export_arguments(args):
     return keywords
 
 
-class ActionModule(ActionBase):
+class ActionModule(ControllerAction):
 
-    BYPASS_HOST_LOOP = True
-    TRANSFERS_FILES = False
-    _requires_connection = False
-    _supports_check_mode = True
+    ARGUMENT_SPEC = dict(
+        db=dict(type='path', required=True),
+        dest=dict(type='path', required=True),
+        format=dict(type='str', choices=['perfetto', 'json']),
+        since=dict(type='raw'),
+        until=dict(type='raw'),
+        node=dict(type='list', elements='str'),
+        findings=dict(type='bool', default=True),
+        around_findings=dict(type='float'),
+    )
 
-    def run(self, tmp=None, task_vars=None):
-        task_vars = task_vars or {}
-        result = super(ActionModule, self).run(tmp, task_vars)
-        dummy, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+    def run_task(self, args, task_vars, result):
         db = os.path.abspath(os.path.expanduser(args['db']))
         dest = os.path.abspath(os.path.expanduser(args['dest']))
         export = import_core('analysis.export')

@@ -8,82 +8,48 @@ FleetResult into task results; it must not query, time or judge anything itself.
 
 from __future__ import annotations
 
-import dataclasses
-
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
 
 from ansible_collections.straggler.fleet.plugins.plugin_utils.agents import agent_argument_spec, agent_nodes, tls_options
 from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import (
+    ControllerAction,
     core_error_types,
     import_core,
     write_if_changed,
 )
 
-ANSWERED = ('ok', 'empty')
-
-ARGUMENT_SPEC = agent_argument_spec(
-    sql=dict(type='str', required=True),
-    timeout=dict(type='float', default=5.0),
-    deadline=dict(type='float', default=15.0),
-    limit=dict(type='int', default=10000),
-    concurrency=dict(type='int', default=32),
-    clock_samples=dict(type='int', default=5),
-    dest=dict(type='path'),
-    fail_on_partial=dict(type='bool', default=False),
-)
-
-
-def node_status_dict(status, host_of_address=None):
-    """A NodeStatus (dataclass or object) as a plain dict, with the inventory host it belongs to."""
-    if dataclasses.is_dataclass(status):
-        entry = dataclasses.asdict(status)
-    elif isinstance(status, dict):
-        entry = dict(status)
-    else:
-        entry = dict((name, value) for name, value in vars(status).items() if not name.startswith('_'))
-    if host_of_address is not None:
-        entry['host'] = host_of_address.get(entry.get('address'))
-    return entry
-
 
 def fleet_result_dict(fleet_result, host_of_address=None):
-    """Task results from a FleetResult: columns, rows, nodes, offsets, failed_nodes, exit_code."""
-    nodes = [node_status_dict(status, host_of_address) for status in fleet_result.nodes]
-    offsets = {}
-    for node, value in (fleet_result.offsets or {}).items():
-        if isinstance(value, dict):
-            offset_ns, uncertainty_ns = value.get('offset_ns'), value.get('uncertainty_ns')
-        else:
-            offset_ns, uncertainty_ns = value
-        offsets[str(node)] = dict(offset_ns=offset_ns, uncertainty_ns=uncertainty_ns)
-    failed = [entry.get('host') or entry.get('node') or entry.get('address') for entry in nodes if entry.get('status') not in ANSWERED]
-    rows = [list(row) for row in fleet_result.rows]
-    return dict(
-        columns=list(fleet_result.columns),
-        rows=rows,
-        row_count=len(rows),
-        nodes=nodes,
-        offsets=offsets,
-        failed_nodes=failed,
-        exit_code=int(getattr(fleet_result, 'exit_code', 0 if not failed else (4 if len(failed) == len(nodes) else 3))),
+    """Task results from the core's FleetResult.to_dict() (sql, columns, rows, nodes, offsets,
+    exit_code, ...), with each node's inventory host and whether it answered (the core's rule,
+    NodeStatus.answered), the row count, and the nodes that did not answer (failed_nodes: the
+    inventory host where known, else the node's name or its address)."""
+    result = fleet_result.to_dict()
+    for status, entry in zip(fleet_result.nodes, result['nodes']):
+        entry['host'] = (host_of_address or {}).get(entry.get('address'))
+        entry['answered'] = bool(status.answered)
+    result['rows'] = [list(row) for row in result['rows']]
+    result['row_count'] = len(result['rows'])
+    result['failed_nodes'] = [entry['host'] or entry.get('node') or entry.get('address')
+                              for entry in result['nodes'] if not entry['answered']]
+    return result
+
+
+class ActionModule(ControllerAction):
+
+    ARGUMENT_SPEC = agent_argument_spec(
+        sql=dict(type='str', required=True),
+        timeout=dict(type='float', default=5.0),
+        deadline=dict(type='float', default=15.0),
+        limit=dict(type='int', default=10000),
+        concurrency=dict(type='int', default=32),
+        clock_samples=dict(type='int', default=5),
+        dest=dict(type='path'),
+        fail_on_partial=dict(type='bool', default=False),
     )
+    MUTUALLY_EXCLUSIVE = (('nodes', 'hosts'),)
 
-
-class ActionModule(ActionBase):
-
-    BYPASS_HOST_LOOP = True
-    TRANSFERS_FILES = False
-    _requires_connection = False
-    _supports_check_mode = True
-
-    def run(self, tmp=None, task_vars=None):
-        task_vars = task_vars or {}
-        result = super(ActionModule, self).run(tmp, task_vars)
-        dummy, args = self.validate_argument_spec(
-            argument_spec=ARGUMENT_SPEC,
-            mutually_exclusive=[('nodes', 'hosts')],
-        )
+    def run_task(self, args, task_vars, result):
         for name in ('timeout', 'deadline'):
             if args[name] <= 0:
                 raise AnsibleActionFail('%s must be more than 0 seconds' % name)

@@ -14,24 +14,13 @@ import glob
 import os
 
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
 
 from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import (
+    ControllerAction,
     core_error_types,
     hostvar,
     import_core,
     plain,
-)
-
-ARGUMENT_SPEC = dict(
-    src=dict(type='list', elements='path', required=True),
-    dest=dict(type='path', required=True),
-    offsets=dict(type='dict'),
-    offsets_from_hosts=dict(type='list', elements='str'),
-    rename=dict(type='raw', default=False),
-    expect_nodes=dict(type='dict'),
-    expect_nodes_from_hosts=dict(type='list', elements='str'),
-    deadline=dict(type='float', default=1800.0),
 )
 
 
@@ -102,17 +91,20 @@ def rename_argument(value):
     raise AnsibleActionFail('rename must be true/false or a mapping {old node name: new node name}')
 
 
-class ActionModule(ActionBase):
+class ActionModule(ControllerAction):
 
-    BYPASS_HOST_LOOP = True
-    TRANSFERS_FILES = False
-    _requires_connection = False
-    _supports_check_mode = True
+    ARGUMENT_SPEC = dict(
+        src=dict(type='list', elements='path', required=True),
+        dest=dict(type='path', required=True),
+        offsets=dict(type='dict'),
+        offsets_from_hosts=dict(type='list', elements='str'),
+        rename=dict(type='raw', default=False),
+        expect_nodes=dict(type='dict'),
+        expect_nodes_from_hosts=dict(type='list', elements='str'),
+        deadline=dict(type='float', default=1800.0),
+    )
 
-    def run(self, tmp=None, task_vars=None):
-        task_vars = task_vars or {}
-        result = super(ActionModule, self).run(tmp, task_vars)
-        dummy, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+    def run_task(self, args, task_vars, result):
         absent = [] if self._task.check_mode else None
         inputs = expand_sources(args['src'], absent)
         rename = rename_argument(args['rename'])

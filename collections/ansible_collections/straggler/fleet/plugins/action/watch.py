@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 from ansible_collections.straggler.fleet.plugins.plugin_utils.agents import agent_argument_spec, agent_nodes, tls_options
 from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import (
+    ControllerAction,
     core_error_types,
     import_core,
     plain,
@@ -24,15 +24,6 @@ from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import 
 
 display = Display()
 
-ARGUMENT_SPEC = agent_argument_spec(
-    duration=dict(type='float', required=True),
-    interval=dict(type='float'),
-    window=dict(type='float'),
-    baseline=dict(type='float'),
-    min_gap=dict(type='float'),
-    fail_on_straggler=dict(type='bool', default=True),
-    dest=dict(type='path'),
-)
 
 # task option -> the watch's keyword argument (unset ones keep the core's defaults)
 WATCH_OPTIONS = (('interval', 'interval_s'), ('window', 'window_s'), ('baseline', 'baseline_s'), ('min_gap', 'min_gap'))
@@ -76,20 +67,20 @@ def watch_message(straggler, finding, lost, duration):
     return line + tail
 
 
-class ActionModule(ActionBase):
+class ActionModule(ControllerAction):
 
-    BYPASS_HOST_LOOP = True
-    TRANSFERS_FILES = False
-    _requires_connection = False
-    _supports_check_mode = True
+    ARGUMENT_SPEC = agent_argument_spec(
+        duration=dict(type='float', required=True),
+        interval=dict(type='float'),
+        window=dict(type='float'),
+        baseline=dict(type='float'),
+        min_gap=dict(type='float'),
+        fail_on_straggler=dict(type='bool', default=True),
+        dest=dict(type='path'),
+    )
+    MUTUALLY_EXCLUSIVE = (('nodes', 'hosts'),)
 
-    def run(self, tmp=None, task_vars=None):
-        task_vars = task_vars or {}
-        result = super(ActionModule, self).run(tmp, task_vars)
-        dummy, args = self.validate_argument_spec(
-            argument_spec=ARGUMENT_SPEC,
-            mutually_exclusive=[('nodes', 'hosts')],
-        )
+    def run_task(self, args, task_vars, result):
         if args['duration'] <= 0:
             raise AnsibleActionFail('duration must be > 0 seconds')
         if self._task.check_mode:
@@ -101,9 +92,10 @@ class ActionModule(ActionBase):
             raise AnsibleActionFail('no nodes to watch: give nodes or hosts')
 
         watch = import_core('analysis.watch')
+        format_event = import_core('render.events').format_event
         try:
             code, events = watch.watch(nodes, tls_options(args),
-                                       on_event=lambda event: display.v(watch.format_event(event)),
+                                       on_event=lambda event: display.v(format_event(event)),
                                        **watch_options(args))
         except core_error_types() as exc:
             raise AnsibleActionFail('watch failed: %s' % exc) from None

@@ -57,6 +57,8 @@ import shutil
 from ansible import constants as C
 from ansible.plugins.callback import CallbackBase
 
+from ansible_collections.straggler.fleet.plugins.plugin_utils.aggregation import HOST_STATUS_COLUMNS, host_status_rows
+
 SUMMARISED_ACTIONS = {
     'straggler.fleet.aggregate': 'aggregate',
     'straggler.fleet.fleet_query': 'fleet_query',
@@ -107,9 +109,8 @@ def _ms(value_ns):
 def status_table(kind, result):
     """(columns, rows) of the per-host (aggregate) or per-node (fleet_query) status."""
     if kind == 'aggregate':
-        columns = ['host', 'node', 'status', 'rows', 'message']
-        rows = [[entry.get('host'), entry.get('node'), entry.get('status'), entry.get('row_count'), entry.get('message')]
-                for entry in result.get('hosts') or []]
+        columns = list(HOST_STATUS_COLUMNS)
+        rows = host_status_rows(result.get('hosts') or [])
     else:
         columns = ['node', 'address', 'status', 'rows', 'latency ms', 'offset ms', '+/- ms', 'message']
         rows = [[entry.get('host') or entry.get('node'), entry.get('address'), entry.get('status'), entry.get('row_count'),

@@ -135,8 +135,11 @@ hosts:
     status:
       description: One of C(ok), C(empty), C(failed), C(unreachable), C(skipped), C(missing), C(invalid).
       type: str
+    answered:
+      description: Whether the host answered (RV(hosts[].status) C(ok) or C(empty), the rule of the core's fleet client).
+      type: bool
     message:
-      description: Why the host has no rows (the task's own one-line message), empty when it answered.
+      description: Why the host has no rows (the task's own message, as one line), empty when it answered.
       type: str
     row_count:
       description: Rows the host returned.
@@ -148,11 +151,12 @@ hosts:
       description: Milliseconds the query took on the host.
       type: float
   sample:
-    - {host: gpu-node-01, node: gpu-node-01, status: ok, message: '', row_count: 1, truncated: false, elapsed_ms: 1.2}
-    - {host: gpu-node-05, node: gpu-node-05, status: unreachable, message: 'Failed to connect to the host via ssh',
-       row_count: 0, truncated: false, elapsed_ms: null}
+    - {host: gpu-node-01, node: gpu-node-01, status: ok, answered: true, message: '', row_count: 1, truncated: false,
+       elapsed_ms: 1.2}
+    - {host: gpu-node-05, node: gpu-node-05, status: unreachable, answered: false,
+       message: 'Failed to connect to the host via ssh', row_count: 0, truncated: false, elapsed_ms: null}
 missing:
-  description: Hosts whose rows are not in the table (any status but C(ok) and C(empty)).
+  description: Hosts whose rows are not in the table (those that did not answer, RV(hosts[].answered) false).
   returned: success
   type: list
   elements: str

@@ -169,6 +169,9 @@ nodes:
       description: One of C(ok), C(empty), C(sql-error), C(tls-error), C(forbidden), C(refused), C(timeout), C(truncated),
         C(unreachable).
       type: str
+    answered:
+      description: Whether the node answered (RV(nodes[].status) C(ok) or C(empty), the rule of the core's fleet client).
+      type: bool
     message:
       description: One line saying what failed, empty when the node answered.
       type: str
@@ -184,11 +187,34 @@ nodes:
     uncertainty_ns:
       description: Uncertainty of RV(nodes[].offset_ns), in ns.
       type: int
+    offset_flagged:
+      description: Whether the node's clock is off by more than RV(offset_threshold_ns) even at the near edge of its
+        uncertainty.
+      type: bool
+    truncated:
+      description: Whether the node had more rows than O(limit) (or than the agent's answer size cap).
+      type: bool
 offsets:
-  description: Clock offset and its uncertainty per answering node (node realtime minus controller realtime, ns).
+  description: Clock offset and its uncertainty per answering node (node realtime minus controller realtime, ns), and
+    whether it is flagged (above RV(offset_threshold_ns) even allowing for the uncertainty).
   returned: success
   type: dict
-  sample: {gpu-node-01: {offset_ns: 15000, uncertainty_ns: 400000}}
+  sample: {gpu-node-01: {offset_ns: 15000, uncertainty_ns: 400000, flagged: false}}
+offset_threshold_ns:
+  description: The clock offset above which a node's clock is flagged, in ns.
+  returned: success
+  type: int
+  sample: 5000000
+sql:
+  description: The SQL that ran.
+  returned: success
+  type: str
+  sample: SELECT count(*) AS events FROM events
+elapsed_ms:
+  description: Milliseconds the whole fan-out took.
+  returned: success
+  type: float
+  sample: 240.5
 failed_nodes:
   description: The nodes that did not answer (inventory hostname where known, else node name or address).
   returned: success

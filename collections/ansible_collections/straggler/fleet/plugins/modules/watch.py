@@ -107,9 +107,9 @@ EXAMPLES = r"""
 
 - name: Watch for a minute and report what was seen, without failing
   straggler.fleet.watch:
-    nodes:
-      - gpu-node-01:7433
-      - gpu-node-02:7433
+    nodes:                # host:port; a host alone: the agents' default port
+      - gpu-node-01
+      - gpu-node-02:7500
     duration: 60
     interval: 0.5
     window: 5

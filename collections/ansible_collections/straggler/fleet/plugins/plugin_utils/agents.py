@@ -13,7 +13,6 @@ It runs only on the controller and never travels to managed hosts.
 from __future__ import annotations
 
 from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import (
-    DEFAULT_AGENT_PORT,
     default_nodes,
     import_core,
     play_hosts,
@@ -29,11 +28,13 @@ TLS_ARGUMENT_SPEC = dict(
     no_tls=dict(type='bool', default=False),
 )
 
-# nodes and hosts: the agents as host:port, or inventory hosts (by the core's address rule, with port)
+# nodes and hosts: the agents as host:port, or inventory hosts (by the core's address rule, with
+# port); port unset: the core's default port (straggler.defaults.AGENT_PORT, documented in the
+# doc fragment straggler.fleet.agents)
 AGENTS_ARGUMENT_SPEC = dict(
     nodes=dict(type='list', elements='str'),
     hosts=dict(type='list', elements='str'),
-    port=dict(type='int', default=DEFAULT_AGENT_PORT),
+    port=dict(type='int'),
 )
 
 
@@ -54,7 +55,8 @@ def tls_options(args):
 
 def agent_nodes(task_vars, args):
     """(nodes, host_of_address): O(nodes) as given (no inventory hosts known), else the agents of
-    O(hosts) or the play's hosts by the core's address rule with O(port) as the default port."""
+    O(hosts) or the play's hosts by the core's address rule with O(port) (else the core's) as the
+    default port."""
     if args.get('nodes'):
         return list(args['nodes']), {}
-    return default_nodes(task_vars, play_hosts(task_vars, args.get('hosts')), args.get('port') or DEFAULT_AGENT_PORT)
+    return default_nodes(task_vars, play_hosts(task_vars, args.get('hosts')), args.get('port'))

@@ -15,21 +15,26 @@ from __future__ import annotations
 
 from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import import_core
 
-ANSWERED = ('ok', 'empty')
-
-
-def _one_line(text, limit=300):
-    lines = [line.strip() for line in str(text or '').splitlines() if line.strip()]
-    line = lines[0] if lines else ''
-    return line if len(line) <= limit else line[:limit - 3] + '...'
+MESSAGE_LIMIT = 300
 
 
 def host_status(host, registered, active_hosts=None):
     """A status dict for one host from its registered query result (None when it has none).
 
     status is one of ok (rows), empty (answered, no rows), failed, unreachable, skipped,
-    missing (nothing registered) or invalid (registered from something that is not a query)."""
+    missing (nothing registered) or invalid (registered from something that is not a query);
+    answered: whether the status is one the core counts as answered
+    (straggler.fleet.client.ANSWERED: ok, empty); message: one line (straggler.text.one_line)."""
     entry = dict(host=host, node=host, status='missing', message='', row_count=0, truncated=False, elapsed_ms=None)
+    entry.update(_judged(host, registered, active_hosts))
+    entry['answered'] = entry['status'] in import_core('fleet.client').ANSWERED
+    return entry
+
+
+def _judged(host, registered, active_hosts):
+    """The status, message and counts of one host's registered result (see host_status)."""
+    one_line = import_core('text').one_line
+    entry = {}
     if registered is None:
         if active_hosts is not None and host not in active_hosts:
             entry['message'] = 'no result: the host left the play before the query ran (it failed or was unreachable earlier)'
@@ -42,11 +47,11 @@ def host_status(host, registered, active_hosts=None):
     if registered.get('node'):
         entry['node'] = str(registered.get('node'))
     if registered.get('unreachable'):
-        entry.update(status='unreachable', message=_one_line(registered.get('msg')) or 'host unreachable')
+        entry.update(status='unreachable', message=one_line(registered.get('msg'), MESSAGE_LIMIT) or 'host unreachable')
     elif registered.get('failed'):
-        entry.update(status='failed', message=_one_line(registered.get('msg')) or 'the task failed')
+        entry.update(status='failed', message=one_line(registered.get('msg'), MESSAGE_LIMIT) or 'the task failed')
     elif registered.get('skipped'):
-        entry.update(status='skipped', message=_one_line(registered.get('skip_reason') or registered.get('msg')) or 'skipped')
+        entry.update(status='skipped', message=one_line(registered.get('skip_reason') or registered.get('msg'), MESSAGE_LIMIT) or 'skipped')
     elif isinstance(registered.get('results'), list):
         entry.update(status='invalid',
                      message='the registered result holds a loop\'s results: aggregate one query per host (no loop)')
@@ -76,7 +81,7 @@ def aggregate(hosts, registered_by_host, active_hosts=None):
         registered = registered_by_host.get(host)
         status = host_status(host, registered, active_hosts)
         statuses.append(status)
-        if status['status'] in ANSWERED:
+        if status['answered']:
             answering.append((status, [str(column) for column in (registered.get('columns') or [])],
                               registered.get('rows') or []))
     combine_answers = import_core('fleet.combine').combine_answers
@@ -85,7 +90,7 @@ def aggregate(hosts, registered_by_host, active_hosts=None):
     for (status, dummy, dummy_rows), note in zip(answering, notes):
         if note:
             status['message'] = '; '.join(part for part in (status['message'], note) if part)
-    missing = [status['host'] for status in statuses if status['status'] not in ANSWERED]
+    missing = [status['host'] for status in statuses if not status['answered']]
     return dict(columns=out_columns, rows=rows, hosts=statuses, missing=missing, row_count=len(rows))
 
 

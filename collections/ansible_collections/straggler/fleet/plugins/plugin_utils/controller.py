@@ -1,8 +1,9 @@
 # -*- coding: utf-8 -*-
 # Copyright: the straggler project
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Controller-side helpers shared by the collection's action plugins: importing the straggler
-core, reading other hosts' variables, writing result files. It must not hold any straggler logic
+"""Controller-side helpers shared by the collection's action plugins: their common run (argument
+check, then the plugin's own work), importing the straggler core, reading other hosts'
+variables, writing result files. It must not hold any straggler logic
 (how SQL is judged, how an offset is estimated, how databases merge): that lives in the core
 package, and the action plugins only translate arguments and results.
 
@@ -18,11 +19,40 @@ import tempfile
 
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.text.converters import to_bytes, to_text
+from ansible.plugins.action import ActionBase
 
 SUPPORTED_FORMATS = ('json', 'csv', 'markdown')
 # the installed collection's root (plugins/plugin_utils/ is two levels down): where its wheel and requirements are
 _COLLECTION_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_AGENT_PORT = 7433
+
+
+class StragglerAction(ActionBase):
+    """An action plugin of the collection: run() checks the task's arguments against ARGUMENT_SPEC
+    (with MUTUALLY_EXCLUSIVE) and hands them to run_task(args, task_vars, result), which returns
+    the task's result."""
+
+    ARGUMENT_SPEC = {}
+    MUTUALLY_EXCLUSIVE = ()
+
+    def run(self, tmp=None, task_vars=None):
+        task_vars = task_vars or {}
+        result = super(StragglerAction, self).run(tmp, task_vars)
+        dummy, args = self.validate_argument_spec(argument_spec=self.ARGUMENT_SPEC,
+                                                  mutually_exclusive=[list(names) for names in self.MUTUALLY_EXCLUSIVE])
+        return self.run_task(args, task_vars, result)
+
+    def run_task(self, args, task_vars, result):
+        raise NotImplementedError
+
+
+class ControllerAction(StragglerAction):
+    """An action that runs once per play on the controller (like run_once) and uses no connection
+    to the hosts; it supports check mode."""
+
+    BYPASS_HOST_LOOP = True
+    TRANSFERS_FILES = False
+    _requires_connection = False
+    _supports_check_mode = True
 
 
 def import_core(module_name):
@@ -95,19 +125,20 @@ def hostvar(task_vars, host, name, default=None):
     return default if value is None else value
 
 
-def default_nodes(task_vars, hosts, port=DEFAULT_AGENT_PORT):
+def default_nodes(task_vars, hosts, port=None):
     """`address:port` of the agent on each host, by the core's one rule
     (straggler.fleet.inventory.agent_address: ansible_host else the inventory hostname, port
-    straggler_agent_port from the host's variables else `port`), and the inventory hostname each
-    address belongs to."""
+    straggler_agent_port from the host's variables else `port`, else the core's default port
+    straggler.defaults.AGENT_PORT), and the inventory hostname each address belongs to."""
     inventory = import_core('fleet.inventory')
+    default_port = dict(default_port=port) if port else {}
     nodes = []
     host_of_address = {}
     for host in hosts:
         host_vars = dict((name, hostvar(task_vars, host, name))
                          for name in (inventory.HOST_VARIABLE, inventory.PORT_VARIABLE))
         try:
-            node = inventory.agent_address(to_text(host), plain(host_vars), port)
+            node = inventory.agent_address(to_text(host), plain(host_vars), **default_port)
         except core_error_types() as exc:
             raise AnsibleActionFail(to_text(exc)) from None
         nodes.append(node)

@@ -15,6 +15,7 @@ import pytest
 from ansible.errors import AnsibleActionFail
 
 from ansible_collections.straggler.fleet.plugins.action.collect import ActionModule, local_dest
+from ansible_collections.straggler.fleet.plugins.module_utils.agent_cli import DEFAULT_DB
 
 
 class FakeHost:
@@ -32,7 +33,7 @@ class FakeHost:
     def execute_module(self, module_name, module_args, task_vars):
         assert module_name == 'straggler.fleet.collect'
         self.module_args = module_args
-        return dict(changed=True, db=module_args['db'], remote_path=str(self.remote_path), remote_dir=str(self.remote_dir),
+        return dict(changed=True, db=module_args.get('db', DEFAULT_DB), remote_path=str(self.remote_path), remote_dir=str(self.remote_dir),
                     checksum=self.checksum, size=self.remote_path.stat().st_size)
 
     def low_level(self, command, sudoable=True):
@@ -60,6 +61,8 @@ def test_snapshot_is_fetched_as_the_inventory_hostname_and_the_host_cleaned(acti
     assert target.read_bytes() == host.remote_path.read_bytes()
     assert host.commands == ['rm -rf %s' % host.remote_dir]
     assert sorted(os.listdir(dest)) == ['gpu-node-01.db']  # no temporary file left
+    # options left unset reach the module unset: its own defaults (the agent's store path) apply
+    assert host.module_args == dict(dest=str(dest)) and result['db'] == DEFAULT_DB
 
 
 def test_same_content_again_reports_no_change(action_factory, monkeypatch, tmp_path):

@@ -90,11 +90,12 @@ def test_sql_error_is_a_node_status(action_factory, agents):
     assert 'read-only' in result['nodes'][0]['message']
 
 
-def test_nodes_default_to_the_play_hosts_at_ansible_host_and_port():
+def test_nodes_default_to_the_play_hosts_at_ansible_host_and_the_cores_port():
+    from straggler.defaults import AGENT_PORT
     task_vars = dict(hostvars=dict(a=dict(ansible_host='10.0.0.1'), b={}, c=dict(ansible_host='fd00::5')))
-    nodes, host_of_address = default_nodes(task_vars, ['a', 'b', 'c'], 7433)
-    assert nodes == ['10.0.0.1:7433', 'b:7433', '[fd00::5]:7433']
-    assert host_of_address['b:7433'] == 'b'
+    nodes, host_of_address = default_nodes(task_vars, ['a', 'b', 'c'])
+    assert nodes == ['10.0.0.1:%d' % AGENT_PORT, 'b:%d' % AGENT_PORT, '[fd00::5]:%d' % AGENT_PORT]
+    assert host_of_address['b:%d' % AGENT_PORT] == 'b'
 
 
 def test_a_hosts_straggler_agent_port_wins_over_the_port_option():
@@ -149,9 +150,12 @@ def test_result_translation_keeps_tuple_offsets_and_statuses():
                                NodeStatus(address='h2:7433', status='timeout', message='no answer')],
                         offsets={'a': (5, 9)})
     result = fleet_result_dict(fleet, {'h1:7433': 'gpu1', 'h2:7433': 'gpu2'})
-    assert result['offsets'] == {'a': dict(offset_ns=5, uncertainty_ns=9)}
+    assert result['offsets'] == {'a': dict(offset_ns=5, uncertainty_ns=9, flagged=False)}
     assert result['failed_nodes'] == ['gpu2'] and result['exit_code'] == 3
     assert result['nodes'][1]['status'] == 'timeout' and result['nodes'][1]['host'] == 'gpu2'
+    # the core's rule of which statuses count as answered (NodeStatus.answered), for the playbooks
+    assert [entry['answered'] for entry in result['nodes']] == [True, False]
+    assert result['row_count'] == 1 and result['rows'] == [['a', 1]]
 
 
 def test_mutual_tls_with_the_given_certificates(action_factory, tmp_path):
