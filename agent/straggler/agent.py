@@ -56,6 +56,8 @@ class AgentOptions:
     tls: TLSOptions = field(default_factory=TLSOptions)
     metrics_listen: Optional[str] = None
     metrics_any_address: bool = False
+    gpu: bool = True                    # read the GPUs (NVML) and the kernel's Xid errors (straggler.devices)
+    gpu_interval_s: float = 1.0         # sample every GPU this often (gpu_samples)
 
     def __post_init__(self):
         self.node = self.node or socket.gethostname()
@@ -71,8 +73,9 @@ class AgentOptions:
                                  "or libnccl.so.*")
         self.cuda_libs = [os.path.abspath(path) for path in self.cuda_libs]
         if self.sample < 0 or self.interval_s <= 0 or self.rescan_s <= 0 or self.slow_factor <= 0 \
-                or self.summary_interval_s <= 0:
-            raise UsageError("--sample must be >= 0; --interval, --summary-interval, --rescan and --slow-factor > 0")
+                or self.summary_interval_s <= 0 or self.gpu_interval_s <= 0:
+            raise UsageError("--sample must be >= 0; --interval, --summary-interval, --rescan, --slow-factor and "
+                             "--gpu-interval > 0")
         if self.summary_interval_s > self.interval_s:
             raise UsageError(f"--summary-interval {self.summary_interval_s:g} is longer than --interval "
                              f"{self.interval_s:g}: the summaries are the finer of the two")
@@ -92,6 +95,10 @@ class AgentOptions:
         return int(self.summary_interval_s * 1e9)
 
     @property
+    def gpu_interval_ns(self):
+        return int(self.gpu_interval_s * 1e9)
+
+    @property
     def max_age_ns(self):
         return int(self.max_age_s * 1e9) if self.max_age_s else None
 
@@ -108,6 +115,10 @@ class AgentEvents:
 
     def attached(self, probes: int, library: str):
         """A library found after the start, attached (`probes` probes)."""
+
+    def devices_not_read(self, what: str, why: str):
+        """Said once at the start: no GPU is read through NVML (what='gpu') or the kernel's Xid errors are
+        not (what='xid'), and why; the agent traces on without them."""
 
 
 class Agent:
@@ -126,6 +137,7 @@ class Agent:
         self.api = None
         self.metrics_server = None
         self.summary_cpu_ns = 0    # CPU the step-time summaries took (this thread), since the start
+        self.devices = None        # the device thread (straggler.devices.monitor)
 
     # ---- identity --------------------------------------------------------------------------
     def rank_of(self, pid):
@@ -195,6 +207,7 @@ class Agent:
         mono, real = read_clock_pair()
         self.writer.submit("clock_pairs", [(opts.node, mono, real)])
         self.writer.start()
+        self._start_devices()
         if opts.listen:
             self._start_api()
         if opts.metrics_listen:
@@ -207,6 +220,20 @@ class Agent:
             raise StragglerError(self.writer.error)
         self.events.ready(self.probes.probe_count, opts.node, opts.db,
                           getattr(self.api, "url", opts.listen) if self.api is not None else None)
+
+    def _start_devices(self):
+        """The device thread: NVML samples, which process uses which GPU, Xid errors (straggler.devices)."""
+        from .devices.monitor import DeviceMonitor
+        opts = self.opts
+        self.devices = DeviceMonitor(opts.node, self.writer.submit, self.writer.set_meta,
+                                     interval_ns=opts.gpu_interval_ns, counters_ns=opts.interval_ns,
+                                     pids=self._live_targets, rank_of=lambda pid: self.rank_of(pid)[0],
+                                     enabled=opts.gpu)
+        for what, why in self.devices.start():
+            self.events.devices_not_read(what, why)
+
+    def _live_targets(self):
+        return [tgid for tgid, info in list(self.processes.items()) if info.exited is None]
 
     def _start_api(self):
         try:
@@ -504,6 +531,8 @@ class Agent:
                 self.api.stop()
             except Exception:
                 pass
+        if self.devices is not None:   # before the writer: its last rows and meta go in
+            self.devices.stop()
         writer = getattr(self, "writer", None)
         if writer is not None:
             writer.stop()

@@ -65,6 +65,11 @@ def add_arguments(parser):
     parser.add_argument("--sys-ringbuf-kb", type=int, default=defaults.sys_ringbuf_kb, metavar="KB",
                         help="size of the ring buffer for scheduling, block I/O and process events "
                              f"(default {defaults.sys_ringbuf_kb})")
+    parser.add_argument("--gpu-interval", type=float, default=defaults.gpu_interval_s, metavar="S",
+                        help="read every GPU through NVML (nvidia-ml-py) every S seconds into gpu_samples "
+                             f"(default {defaults.gpu_interval_s:g}); docs/devices.md")
+    parser.add_argument("--no-gpu", action="store_true",
+                        help="read neither the GPUs (NVML) nor the kernel's Xid errors")
     parser.add_argument("--listen", metavar="ADDR:PORT",
                         help="also serve the database's API while tracing (as `straggler serve`)")
     add_tls_arguments(parser)
@@ -82,7 +87,8 @@ def agent_options(args):
         rescan_s=args.rescan, max_db_bytes=parse_size(args.max_db),
         max_age_s=parse_duration(args.max_age, "--max-age") if args.max_age is not None else None,
         ringbuf_kb=args.ringbuf_kb, sys_ringbuf_kb=args.sys_ringbuf_kb, listen=args.listen, tls=tls_options(args),
-        metrics_listen=args.metrics_listen, metrics_any_address=args.metrics_any_address)
+        metrics_listen=args.metrics_listen, metrics_any_address=args.metrics_any_address,
+        gpu=not args.no_gpu, gpu_interval_s=args.gpu_interval)
 
 
 def _say(line):
@@ -103,6 +109,9 @@ class StderrEvents(AgentEvents):
 
     def attached(self, probes, library):
         _say(f"straggler: attached {probes} probes to {library}")
+
+    def devices_not_read(self, what, why):
+        _say(f"straggler: no GPU is read: {why}" if what == "gpu" else f"straggler: Xid errors are not read: {why}")
 
 
 def run(args):

@@ -28,15 +28,16 @@ _SAMPLE_COLUMNS = GPU_SAMPLE_COLUMNS[3:]
 
 class DeviceMonitor:
     """Reads the devices on its own thread; see the module doc. `pids()` gives the traced processes (for
-    their /dev/nvidiaN files), `rank_of(pid)` a process's RANK or None."""
+    their /dev/nvidiaN files), `rank_of(pid)` a process's RANK or None; enabled=False reads nothing
+    (meta says 'turned off')."""
 
     def __init__(self, node, submit, set_meta, interval_ns=1_000_000_000, counters_ns=5_000_000_000,
-                 pids=lambda: (), rank_of=lambda pid: None, read_nvml=True, kmsg_path="/dev/kmsg",
+                 pids=lambda: (), rank_of=lambda pid: None, enabled=True, kmsg_path="/dev/kmsg",
                  proc_root="/proc", nvml_factory=Nvml):
         self.node, self.submit, self.set_meta = node, submit, set_meta
         self.interval_ns, self.counters_ns = int(interval_ns), int(counters_ns)
         self.pids, self.rank_of = pids, rank_of
-        self.read_nvml, self.kmsg_path, self.proc_root = read_nvml, kmsg_path, proc_root
+        self.enabled, self.kmsg_path, self.proc_root = enabled, kmsg_path, proc_root
         self.nvml_factory = nvml_factory
         self.nvml = None
         self.kmsg = None
@@ -59,7 +60,7 @@ class DeviceMonitor:
         [("gpu", why), ("xid", why)] (empty when both are read)."""
         now_ns = time.monotonic_ns() if now_ns is None else now_ns
         notices = []
-        if self.read_nvml:
+        if self.enabled:
             nvml = self.nvml_factory()
             try:
                 nvml.open()
@@ -87,9 +88,9 @@ class DeviceMonitor:
         else:
             self.set_meta("devices_state", "not read")
             self.set_meta("devices_reason", self.nvml_reason)
-            if self.read_nvml:           # turned off on purpose: nothing to say
+            if self.enabled:           # turned off on purpose: nothing to say
                 notices.append(("gpu", self.nvml_reason))
-        if self.read_nvml:
+        if self.enabled:
             self.kmsg = KmsgReader(self.kmsg_path, max_records=KMSG_RECORDS_PER_READ)
             try:
                 self.kmsg.open()
