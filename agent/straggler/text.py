@@ -1,8 +1,10 @@
 """Small text rules every layer shares, each written once: SQL literals and identifiers, the
-one-line form of an error, and how bytes, durations and shares are shown to people.
+one-line form of an error, how untrusted text is printed (safe_text), and how bytes, durations and
+shares are shown to people.
 
 Pure functions of their arguments: no I/O, no imports from the rest of straggler.
 """
+import re
 
 
 def sql_quote(text):
@@ -22,6 +24,36 @@ def sql_literal(value):
 def sql_ident(name):
     """A name as an SQL identifier: "my ""table""."""
     return '"' + str(name).replace('"', '""') + '"'
+
+
+# What safe_text escapes: C0 and C1 control characters (ESC, CSI, BEL, backspace, carriage return,
+# newline, tab, DEL), the bidirectional overrides and isolates (text that reads one way and runs
+# another), the Unicode line and paragraph separators, and lone surrogates (undecodable bytes).
+_UNSAFE_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+                           "\u2028\u2029\ud800-\udfff]")
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape_char(match):
+    char = match.group()
+    if char in _NAMED_ESCAPES:
+        return _NAMED_ESCAPES[char]
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def safe_text(value):
+    """Text from anywhere (a process name, a command line, an SQL result, a node name, a message
+    that quotes them) as it is to be printed: str(value) with every character that a terminal
+    would act on instead of showing written out as an escape (ESC as \\x1b, a newline as \\n, a
+    right-to-left override as \\u202e), so it prints on one line as itself and cannot move the
+    cursor, clear the screen, retitle the window or forge a line. Everything else, backslashes,
+    brackets and non-ASCII letters included, is kept as it is. The one rule every face uses
+    before it prints such text (tables, reports, events, status lines)."""
+    text = value if isinstance(value, str) else str(value)
+    if _UNSAFE_CHARS.search(text) is None:
+        return text
+    return _UNSAFE_CHARS.sub(_escape_char, text)
 
 
 def one_line(exc, limit=None):

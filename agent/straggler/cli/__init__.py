@@ -11,6 +11,7 @@ import sys
 
 from .. import __version__
 from ..errors import StragglerError
+from ..text import safe_text
 
 # name: (module, one-line help)
 COMMANDS = {
@@ -53,7 +54,7 @@ def main(argv=None) -> int:
     try:
         return int(args._run(args) or 0)
     except StragglerError as exc:
-        print(f"straggler {args.command}: error: {exc}", file=sys.stderr)
+        print(f"straggler {args.command}: error: {safe_text(exc)}", file=sys.stderr)   # may quote what a node sent
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

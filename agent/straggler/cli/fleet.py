@@ -12,6 +12,7 @@ import sys
 from .. import render
 from ..fleet.client import (DEFAULT_OFFSET_THRESHOLD_MS, DEFAULT_PORT, EXIT_ALL_ANSWERED, EXIT_NONE_ANSWERED,
                             EXIT_PARTIAL, fleet_query, parse_nodes)
+from ..text import safe_text
 from .common import add_tls_arguments, tls_options
 
 EPILOG = (f"exit codes: {EXIT_ALL_ANSWERED} every node answered, {EXIT_PARTIAL} some nodes did not answer "
@@ -59,8 +60,9 @@ class _Progress:
         if not status.answered:
             self.failed += 1
         if self.enabled:
-            self.stream.write(f"\rfleet query: {done}/{total} nodes done, {self.failed} without an answer "
-                              f"(last: {status.node or status.address} {status.status})\x1b[K")
+            self.stream.write("\r" + safe_text(f"fleet query: {done}/{total} nodes done, {self.failed} without an "
+                                               f"answer (last: {status.node or status.address} {status.status})")
+                              + "\x1b[K")
             self.stream.flush()
 
     def clear(self):
@@ -112,7 +114,7 @@ def run(args):
     if args.csv:
         sys.stdout.write(render.to_csv(result.columns, result.rows))
         for n in result.failed:
-            print(f"straggler fleet: {n.node or n.address}: {n.status}: {n.message}", file=sys.stderr)
+            print(safe_text(f"straggler fleet: {n.node or n.address}: {n.status}: {n.message}"), file=sys.stderr)
         return result.exit_code
     if result.columns:
         render.print_table(result.columns, result.rows)
@@ -121,10 +123,10 @@ def run(args):
     title = f"{answered} of {len(result.nodes)} nodes answered, {len(result.rows)} rows, {result.elapsed_ms:.0f} ms"
     render.print_table(columns, rows, title=title)
     if result.failed:
-        print("did not answer: " + ", ".join(f"{n.node or n.address} ({n.status})" for n in result.failed))
+        print(safe_text("did not answer: " + ", ".join(f"{n.node or n.address} ({n.status})" for n in result.failed)))
     flagged = result.flagged_offsets
     if flagged:
-        print(f"clock offsets above {args.offset_threshold_ms:g} ms (node minus this machine): " +
-              ", ".join(f"{node} {_ms(off):+.1f} ± {_ms(unc):.1f} ms" for node, (off, unc) in flagged.items()) +
-              "; merge/export align timelines with these offsets")
+        print(safe_text(f"clock offsets above {args.offset_threshold_ms:g} ms (node minus this machine): " +
+                        ", ".join(f"{node} {_ms(off):+.1f} ± {_ms(unc):.1f} ms" for node, (off, unc) in flagged.items())
+                        + "; merge/export align timelines with these offsets"))
     return result.exit_code

@@ -6,6 +6,7 @@ import json
 import sys
 
 from .. import render
+from ..text import safe_text
 from ..store.query import DEFAULT_LIMIT, DEFAULT_TIMEOUT_S, jsonable_rows, node_name, run_query
 from .common import add_db_argument
 
@@ -33,5 +34,5 @@ def run(args):
         note = f"{len(result.rows)} row(s) from {result.node} in {result.elapsed_ms:.1f} ms"
         if result.truncated:
             note += f"; truncated at --limit {args.limit}"
-        print(note, file=sys.stderr)
+        print(safe_text(note), file=sys.stderr)
     return 0

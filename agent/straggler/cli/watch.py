@@ -10,6 +10,7 @@ import threading
 from ..analysis.watch import (DEFAULT_BASELINE_S, DEFAULT_INTERVAL_S, DEFAULT_WINDOW_S, EXIT_NO_AGENT, watch)
 from ..errors import StragglerError, UsageError
 from ..fleet.client import ANSWERED
+from ..render import rich_cell
 from ..render.events import format_event
 from .common import add_tls_arguments, tls_options
 
@@ -135,7 +136,7 @@ class _LiveTable:
             self.live.stop()
 
     def print(self, line):
-        self.console.print(line, highlight=False, markup=False)
+        self.console.print(line, highlight=False, markup=False, emoji=False)   # a safe_text line, printed as is
 
     def update(self, verdict, feeds):
         from rich.table import Table
@@ -146,9 +147,10 @@ class _LiveTable:
         for f in feeds:
             n = rows.get(f.node, {})
             offset = "" if f.offset_ns is None else f"{f.offset_ns / 1e6:+.1f} ms"
-            t.add_row(f.node or f.address, "ok" if f.status in ANSWERED else f.status, str(n.get("rank", "")), _pct(n.get("wait_pct")),
-                      _pct(n.get("runq_pct")), _pct(n.get("host_pct")), _pct(n.get("sync_pct")), _pct(n.get("io_pct")),
-                      offset, (n.get("role") or "") + (f" ({verdict.cause})" if n.get("role") else ""))
+            cells = (f.node or f.address, "ok" if f.status in ANSWERED else f.status, n.get("rank", ""),
+                     _pct(n.get("wait_pct")), _pct(n.get("runq_pct")), _pct(n.get("host_pct")), _pct(n.get("sync_pct")),
+                     _pct(n.get("io_pct")), offset, (n.get("role") or "") + (f" ({verdict.cause})" if n.get("role") else ""))
+            t.add_row(*[rich_cell(c) for c in cells])   # node names, statuses: text, never markup
         self.live.update(t)
 
 

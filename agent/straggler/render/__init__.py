@@ -1,18 +1,34 @@
 """Rendering of tables and reports: rich for people (plain text when rich is missing or the
 output is not a terminal), JSON, CSV and Markdown for programs. No logic about what a
-table means lives here."""
+table means lives here.
+
+Every cell, column name and title is untrusted text (process names, command lines, SQL results,
+node names): it is printed as text, never as markup, with control characters written out
+(straggler.text.safe_text). rich gets Text objects, which it does not parse (a process named
+`[/bold]` prints as is; `:smile:` stays words). JSON keeps the exact values (json escapes them)."""
 import csv
 import io
 import json
 import sys
 
+from ..text import safe_text
 
-def _cell(value):
+
+def cell_text(value):
+    """A value as a table cell shows it: '' for None, floats to 3 decimals (or 6 significant digits
+    when large), anything else as safe_text."""
     if value is None:
         return ""
     if isinstance(value, float):
         return f"{value:.3f}" if abs(value) < 1e6 else f"{value:.6g}"
-    return str(value)
+    return safe_text(value)
+
+
+
+def rich_cell(value):
+    """cell_text as a rich Text: rich prints it as it is (no markup, no emoji codes)."""
+    from rich.text import Text
+    return Text(cell_text(value))
 
 
 def table_text(columns, rows, title=None, width=None):
@@ -22,20 +38,21 @@ def table_text(columns, rows, title=None, width=None):
         from rich.table import Table
     except ImportError:  # the agent runs without rich on a bare node
         return _plain_table(columns, rows, title)
-    table = Table(title=title, show_lines=False)
+    table = Table(title=rich_cell(title) if title is not None else None, show_lines=False)
     for col in columns:
-        table.add_column(str(col), overflow="fold")
+        table.add_column(rich_cell(col), overflow="fold")
     for row in rows:
-        table.add_row(*[_cell(v) for v in row])
+        table.add_row(*[rich_cell(v) for v in row])
     buf = io.StringIO()
-    Console(file=buf, width=width or 160, force_terminal=False, color_system=None).print(table)
+    Console(file=buf, width=width or 160, force_terminal=False, color_system=None, markup=False, emoji=False,
+            highlight=False).print(table)
     return buf.getvalue()
 
 
 def _plain_table(columns, rows, title=None):
-    cells = [[str(c) for c in columns]] + [[_cell(v) for v in row] for row in rows]
+    cells = [[cell_text(c) for c in columns]] + [[cell_text(v) for v in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(columns))] if columns else []
-    lines = [title] if title else []
+    lines = [cell_text(title)] if title else []
     for n, r in enumerate(cells):
         lines.append("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
         if n == 0:
@@ -48,10 +65,14 @@ def print_table(columns, rows, title=None, file=None):
 
 
 def to_csv(columns, rows):
+    """CSV with a header line; text values as safe_text (CSV is read in terminals too), numbers and
+    None (an empty field) as they are."""
+    def field(value):
+        return value if value is None or isinstance(value, (int, float)) else safe_text(value)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(columns)
-    writer.writerows(rows)
+    writer.writerow([field(c) for c in columns])
+    writer.writerows([field(v) for v in row] for row in rows)
     return buf.getvalue()
 
 
@@ -61,7 +82,7 @@ def to_json(obj):
 
 def to_markdown(columns, rows):
     def esc(v):
-        return _cell(v).replace("|", "\\|").replace("\n", " ")
+        return cell_text(v).replace("|", "\\|").replace("\n", " ")
     out = ["| " + " | ".join(esc(c) for c in columns) + " |",
            "|" + "|".join(" --- " for _ in columns) + "|"]
     out += ["| " + " | ".join(esc(v) for v in row) + " |" for row in rows]

@@ -1,13 +1,23 @@
-"""The live watch's events as lines for people (straggler watch's text output)."""
+"""The live watch's events as lines for people (straggler watch's text output, the watch action).
+Node names, messages and summaries come from the nodes: each line is printed through
+straggler.text.safe_text."""
 import json
+
+from ..text import safe_text
 
 
 def format_event(e):
+    """One event as text: one line, or two for an onset or a cause change (the finding's summary
+    indented below), each line safe_text."""
+    return "\n         ".join(safe_text(line) for line in _event_lines(e))
+
+
+def _event_lines(e):
     t = e.get("time", "")[11:19]
     kind = e["event"]
     if kind == "start":
-        return (f"{t} watching {len(e['nodes'])} node(s) every {e['interval_s']:g} s: the last {e['window_s']:g} s "
-                f"against the {e['baseline_s']:g} s before")
+        return [f"{t} watching {len(e['nodes'])} node(s) every {e['interval_s']:g} s: the last {e['window_s']:g} s "
+                f"against the {e['baseline_s']:g} s before"]
     if kind in ("onset", "cause-change"):
         rank = f" rank {e['rank']}" if e.get("rank") is not None else ""
         share = f" ({e['share']:.0%} of its excess)" if e.get("share") is not None else ""
@@ -15,14 +25,14 @@ def format_event(e):
         waits = (f"; it waits {e['wait_pct']:g}% for its peers vs {e['others_wait_pct']:g}%"
                  if e.get("wait_pct") is not None and e.get("others_wait_pct") is not None else "")
         head = "STRAGGLER" if kind == "onset" else f"CAUSE CHANGED (was {e.get('previous_cause')})"
-        return f"{t} {head} {e['node']}{rank}: {e['cause']}{share}{waits}{moved}\n         {e.get('summary', '')}"
+        return [f"{t} {head} {e['node']}{rank}: {e['cause']}{share}{waits}{moved}", e.get("summary", "")]
     if kind == "recovered":
-        return (f"{t} RECOVERED {e['node']}: {e.get('reason') or 'no longer the straggler'} "
-                f"({e.get('cause')} lasted {e['lasted_s']:g} s)")
+        return [f"{t} RECOVERED {e['node']}: {e.get('reason') or 'no longer the straggler'} "
+                f"({e.get('cause')} lasted {e['lasted_s']:g} s)"]
     if kind == "lost":
-        return f"{t} LOST {e['node']} ({e['status']}): {e['message']}; watching the others"
+        return [f"{t} LOST {e['node']} ({e['status']}): {e['message']}; watching the others"]
     if kind == "back":
-        return f"{t} BACK {e['node']} answers again"
+        return [f"{t} BACK {e['node']} answers again"]
     if kind == "end":
-        return f"{t} watch ended: {e['reason']}" + (f" (straggler: {e['straggler']})" if e.get("straggler") else "")
-    return f"{t} {json.dumps(e)}"
+        return [f"{t} watch ended: {e['reason']}" + (f" (straggler: {e['straggler']})" if e.get("straggler") else "")]
+    return [f"{t} {json.dumps(e, default=str)}"]

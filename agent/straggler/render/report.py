@@ -1,9 +1,13 @@
 """explain's report for people and for CI: text, Markdown, JUnit XML, and the one-line verdict every
 face prints (the CLI, the Ansible actions, the watch). Rendering only: the report is data
-(straggler.analysis.explain.report)."""
+(straggler.analysis.explain.report).
+
+The report quotes what the nodes recorded (node names, process names, command lines) in its
+summaries: every line is printed through straggler.text.safe_text (tables through render's
+cells), so none of it can act on a terminal or forge a line."""
 import html
 
-from ..text import fmt_bytes, fmt_ns
+from ..text import fmt_bytes, fmt_ns, safe_text
 from . import table_text, to_markdown as table_markdown
 
 NODE_COLUMNS = ["node", "rank", "thread", "waits", "host", "run queue", "sync", "io", "role"]
@@ -14,12 +18,12 @@ def verdict_line(straggler, cause=None, share=None, summary=None, rank=None, non
     """The one-line verdict every face prints: 'straggler: NODE[ rank R]: CAUSE (N% of its excess):
     SUMMARY', 'straggler: NODE' without a cause, or `none` without a straggler."""
     if not straggler:
-        return none
+        return safe_text(none)
     head = f"straggler: {straggler}" + (f" rank {rank}" if rank is not None else "")
     if not cause:
-        return head
+        return safe_text(head)
     pct = f" ({round(100 * share)}% of its excess)" if share is not None else ""
-    return f"{head}: {cause}{pct}: {summary or ''}"
+    return safe_text(f"{head}: {cause}{pct}: {summary or ''}")
 
 
 def report_verdict(report, none="no straggler found"):
@@ -86,69 +90,79 @@ def _node_row(n):
             _fmt_pct(n.get("runq_pct")), _fmt_pct(n.get("sync_pct")), _fmt_pct(n.get("io_pct")), n.get("role") or "")
 
 
+def _lines(text):
+    """Multi-line text (a finding's SQL) as safe lines."""
+    return [safe_text(line) for line in str(text).strip().splitlines()]
+
+
 def to_text(report, show_sql=True, width=None):
-    out = [f"straggler explain — {report.source}"]
-    out.append(f"straggler: {', '.join(report.stragglers or [report.straggler])}" if report.straggler
-               else "straggler: none found")
-    out.append("")
+    out = []
+
+    def line(text=""):
+        out.append(safe_text(text))
+
+    line(f"straggler explain — {report.source}")
+    line(f"straggler: {', '.join(report.stragglers or [report.straggler])}" if report.straggler
+         else "straggler: none found")
+    line()
     if report.episodes:
         span = report.timeline or {}
         title = (f"{len(report.episodes)} straggle episode(s) in {_hms(span.get('start'))[1]} → "
                  f"{_hms(span.get('end'))[1]} UTC of trace, the costliest first" if span else "straggle episodes")
         out.append(table_text(EPISODE_COLUMNS, episode_rows(report), title=title, width=width))
-        out.append(f"episode 1 — {episode_headline(report.episodes[0])}:")
-        out.append("")
+        line(f"episode 1 — {episode_headline(report.episodes[0])}:")
+        line()
     for i, f in enumerate(report.findings, 1):
-        out.append(f"{i}. [{f.severity.upper()}] {f.summary}")
+        line(f"{i}. [{f.severity.upper()}] {f.summary}")
         if f.numbers:
-            out.append("   numbers: " + ", ".join(f"{k}={_fmt_number(k, v)}" for k, v in f.numbers.items()))
+            line("   numbers: " + ", ".join(f"{k}={_fmt_number(k, v)}" for k, v in f.numbers.items()))
         if f.recommendation:
-            out.append(f"   recommendation: {f.recommendation}")
+            line(f"   recommendation: {f.recommendation}")
         if show_sql:
             for name, sql in f.sql.items():
-                out.append(f"   SQL ({name}):")
-                out.extend("     " + line for line in sql.strip().splitlines())
-        out.append("")
+                line(f"   SQL ({name}):")
+                out.extend("     " + text for text in _lines(sql))
+        line()
     if report.nodes:
         out.append(table_text(NODE_COLUMNS, [_node_row(n) for n in report.nodes],
                               title="per rank: share of the calling thread's time "
                                     + ("(episode 1)" if report.episodes else "(recent window)"), width=width))
     for n, e in enumerate(report.episodes[1:], 2):
-        out.append(f"episode {n} — {episode_headline(e)}:")
+        line(f"episode {n} — {episode_headline(e)}:")
         for f in e.get("findings", []):
             if f["cause"] in ("straggler", "waiters"):
                 continue
-            out.append(f"   [{f['severity'].upper()}] {f['summary']}")
+            line(f"   [{f['severity'].upper()}] {f['summary']}")
             if f.get("recommendation"):
-                out.append(f"      recommendation: {f['recommendation']}")
-        out.append("")
+                line(f"      recommendation: {f['recommendation']}")
+        line()
     for m in report.missing:
-        out.append(f"missing: {m['node']} ({m['status']}): {m['message']}")
+        line(f"missing: {m['node']} ({m['status']}): {m['message']}")
     return "\n".join(out).rstrip() + "\n"
 
 
 def to_markdown(report):
-    out = ["# straggler explain", "", f"Source: {report.source}", "",
-           f"**Straggler: {report.straggler}**" if report.straggler else "**No straggler found.**", ""]
+    out = ["# straggler explain", "", safe_text(f"Source: {report.source}"), "",
+           safe_text(f"**Straggler: {report.straggler}**") if report.straggler else "**No straggler found.**", ""]
     if report.episodes:
         out += ["## Straggle episodes", "", "The costliest first; times UTC on the fleet timeline.", "",
-                table_markdown(EPISODE_COLUMNS, episode_rows(report)), f"Episode 1: {episode_headline(report.episodes[0])}.",
-                ""]
+                table_markdown(EPISODE_COLUMNS, episode_rows(report)),
+                safe_text(f"Episode 1: {episode_headline(report.episodes[0])}."), ""]
     for i, f in enumerate(report.findings, 1):
-        out.append(f"## {i}. {f.severity.upper()}: {f.cause} — {f.node or 'fleet'}")
+        out.append(safe_text(f"## {i}. {f.severity.upper()}: {f.cause} — {f.node or 'fleet'}"))
         out.append("")
-        out.append(f.summary)
+        out.append(safe_text(f.summary))
         out.append("")
         if f.numbers:
             out.append(table_markdown(["number", "value"], [(k, _fmt_number(k, v)) for k, v in f.numbers.items()]))
         if f.recommendation:
-            out.append(f"**Recommendation:** {f.recommendation}")
+            out.append(safe_text(f"**Recommendation:** {f.recommendation}"))
             out.append("")
         for name, sql in f.sql.items():
-            out.append(f"<details><summary>SQL: {name}</summary>")
+            out.append(f"<details><summary>SQL: {html.escape(safe_text(name))}</summary>")
             out.append("")
             out.append("```sql")
-            out.append(sql.strip())
+            out.extend(_lines(sql))
             out.append("```")
             out.append("</details>")
             out.append("")
@@ -159,7 +173,7 @@ def to_markdown(report):
     if report.missing:
         out.append("## Missing nodes")
         out.append("")
-        out.extend(f"- {m['node']} ({m['status']}): {m['message']}" for m in report.missing)
+        out.extend(safe_text(f"- {m['node']} ({m['status']}): {m['message']}") for m in report.missing)
         out.append("")
     return "\n".join(out)
 
@@ -177,17 +191,17 @@ def to_junit(report):
             continue
         seen.add(name)
         episodes = [e for e in report.episodes if name in (e.get("nodes") or [e["node"]])]
-        body = "\n".join([f"episode: {episode_headline(e)}" for e in episodes]
+        body = "\n".join(_x(part) for part in [f"episode: {episode_headline(e)}" for e in episodes]
                          + [f"[{f.severity}] {f.summary}" for f in by_node.get(name, [])])
         if name in named:
             main = next((f.summary for f in report.findings if f.cause == "straggler" and f.node == name),
                         None) or (episode_headline(episodes[0]) if episodes else f"{name} is a straggler")
             cases.append(f'  <testcase classname="straggler.explain" name="{_x(name)} is not the straggler">\n'
-                         f'    <failure message="{_x(main)}" type="straggler">{_x(body)}</failure>\n'
+                         f'    <failure message="{_x(main)}" type="straggler">{body}</failure>\n'
                          f'  </testcase>')
         else:
             cases.append(f'  <testcase classname="straggler.explain" name="{_x(name)} is not the straggler">'
-                         f'<system-out>{_x(body)}</system-out></testcase>')
+                         f'<system-out>{body}</system-out></testcase>')
     for m in report.missing:
         cases.append(f'  <testcase classname="straggler.explain" name="{_x(m["node"])} answered">\n'
                      f'    <failure message="{_x(m["node"])} {_x(m["status"])}: {_x(m["message"])}" type="missing"/>\n'
@@ -199,7 +213,9 @@ def to_junit(report):
 
 
 def _x(text):
-    return html.escape(str(text), quote=True)
+    """Text for an XML attribute or element: safe_text (XML 1.0 cannot even hold most control
+    characters), then XML-escaped."""
+    return html.escape(safe_text(text), quote=True)
 
 
 def _fmt_number(name, value):

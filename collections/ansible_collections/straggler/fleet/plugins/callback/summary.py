@@ -73,19 +73,29 @@ def stdout_is_for_programs(stdout_callback):
     return short_name in MACHINE_READABLE_STDOUT
 
 
+def _text(value):
+    """A value the nodes sent (names, messages, summaries) as printable text, by the core's one rule
+    (straggler.text.safe_text: control characters written out, nothing acts on the terminal)."""
+    try:
+        from straggler.text import safe_text
+    except ImportError:  # no core on the controller: no straggler task could run, there is nothing of a node's
+        return str(value)
+    return safe_text(value)
+
+
 def _cell(value):
     if value is None:
         return ''
     if isinstance(value, float):
         return '%.3f' % value if abs(value) < 1e6 else '%.6g' % value
-    return str(value)
+    return _text(value)
 
 
 def plain_table(columns, rows, title=None):
     """An aligned plain-text table (when neither the straggler core nor rich is importable)."""
-    cells = [[str(column) for column in columns]] + [[_cell(value) for value in row] for row in rows]
+    cells = [[_cell(column) for column in columns]] + [[_cell(value) for value in row] for row in rows]
     widths = [max(len(line[index]) if index < len(line) else 0 for line in cells) for index in range(len(columns))]
-    lines = [title] if title else []
+    lines = [_text(title)] if title else []
     for number, line in enumerate(cells):
         lines.append('  '.join(value.ljust(width) for value, width in zip(line, widths)).rstrip())
         if number == 0:
@@ -121,7 +131,7 @@ def status_table(kind, result):
 
 def explain_text(title, result, max_rows=50, width=None):
     """explain's verdict: its one line, the ranked findings, the nodes it could not ask."""
-    parts = ['%s: %s\n' % (title, result.get('msg') or 'no report')]
+    parts = ['%s\n' % _text('%s: %s' % (title, result.get('msg') or 'no report'))]
     findings = result.get('findings') or []
     if findings:
         rows = [[index, finding.get('severity'), finding.get('node'), finding.get('cause'), finding.get('summary')]
@@ -129,7 +139,8 @@ def explain_text(title, result, max_rows=50, width=None):
         parts.append(table_text(['#', 'severity', 'node', 'cause', 'summary'], rows, title='findings', width=width))
     for missing in result.get('missing') or []:
         if hasattr(missing, 'get'):
-            parts.append('missing: %s (%s): %s\n' % (missing.get('node'), missing.get('status'), missing.get('message')))
+            parts.append(_text('missing: %s (%s): %s' % (missing.get('node'), missing.get('status'),
+                                                         missing.get('message'))) + '\n')
     return ''.join(parts)
 
 
@@ -146,14 +157,14 @@ def summary_text(kind, title, result, max_rows=50, width=None):
         if len(rows) > len(shown):
             parts.append('... %d more rows (%d in all)\n' % (len(rows) - len(shown), len(rows)))
     else:
-        parts.append('%s: no table (%s)\n' % (title, result.get('msg') or 'no rows'))
+        parts.append(_text('%s: no table (%s)' % (title, result.get('msg') or 'no rows')) + '\n')
     status_columns, status_rows = status_table(kind, result)
     if status_rows:
         parts.append(table_text(status_columns, status_rows, title='status', width=width))
     missing = result.get('missing') if kind == 'aggregate' else result.get('failed_nodes')
     if missing:
-        parts.append('%s: %s\n' % ('missing hosts' if kind == 'aggregate' else 'nodes that did not answer',
-                                   ', '.join(str(item) for item in missing)))
+        parts.append(_text('%s: %s' % ('missing hosts' if kind == 'aggregate' else 'nodes that did not answer',
+                                       ', '.join(str(item) for item in missing))) + '\n')
     return ''.join(parts)
 
 
