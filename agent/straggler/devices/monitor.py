@@ -12,6 +12,7 @@ meta `devices_error` and the thread goes on.
 The agent builds it, calls start() (which returns what is not read and why, to say once) and stop().
 This module must not import BCC and prints nothing.
 """
+import errno
 import threading
 import time
 
@@ -96,7 +97,9 @@ class DeviceMonitor:
                 self.kmsg.open()
             except OSError as exc:
                 self.kmsg = None
-                self.xid_reason = f"cannot read {self.kmsg_path} ({exc.strerror}): run the agent as root"
+                hint = "run the agent as root" if exc.errno in (errno.EACCES, errno.EPERM) else \
+                    "this node (or container) shows no kernel log"
+                self.xid_reason = f"cannot read {self.kmsg_path} ({exc.strerror}): {hint}"
                 notices.append(("xid", self.xid_reason))
         else:
             self.xid_reason = "turned off (--no-gpu)"
@@ -120,10 +123,6 @@ class DeviceMonitor:
             self.nvml.close()
         if self.kmsg is not None:
             self.kmsg.close()
-
-    @property
-    def active(self):
-        return self.nvml is not None or self.kmsg is not None
 
     # ---- the thread -------------------------------------------------------------------------------
     def _run(self):
