@@ -108,6 +108,7 @@ class CaseResult:
     rank_nodes: dict = field(default_factory=dict)   # rank -> host name
     case_dir: str = ""
     steps: dict = field(default_factory=dict)        # rank -> steps logged
+    real_minus_mono_ns: int = 0                      # this machine's realtime minus monotonic (the hosts share it)
 
 
 # the cause class explain should give first for each fault (None: no straggler at all)
@@ -116,30 +117,36 @@ EXPECTED_CAUSE = {"none": None, "load-all": None, "cpu-hog": "cpu-contention", "
 # With collectives that only enqueue (NCCL on GPUs), a slow GPU makes every rank wait in synchronize
 # alike: the host cannot tell whose GPU it is, and the right answer is to say so, naming no one.
 EXPECTED_CAUSE_ENQUEUE = dict(EXPECTED_CAUSE, **{"gpu-slow": "device-wide"})
-SETTLE_NS = 2_000_000_000    # the first seconds of the warm-up and of the fault are not steady state
 
 
 def diagnose(case, out_dir):
-    """explain over a case: the four agents' stores merged (the real merge) into OUT/<name>.db, the
-    warm-up as the baseline and the fault window (less its first seconds) as the recent part."""
+    """explain over a case with its DEFAULTS — as a user runs it, not told when the fault was: the four
+    agents' stores merged (the real merge) into OUT/<name>.db, over the job's span (the agents trace
+    every case of the harness; a user asks about the job they ran)."""
     from straggler.analysis import explain
-    from straggler.render.report import to_text
     from straggler.analysis.merge import merge
+    from straggler.render.report import to_text
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     name = Path(case.case_dir).name or case.fault
     db = out_dir / f"{name}.db"
     if db.exists():
         db.unlink()
-    merge(sorted(case.agent_dbs.values()), str(db))
-    report = explain.explain_db(str(db), since_ns=case.t_start_ns + SETTLE_NS, baseline_until_ns=case.t_fault_ns,
-                                recent_from_ns=case.t_fault_ns + SETTLE_NS, until_ns=case.t_fault_end_ns)
+    merge(sorted(set(case.agent_dbs.values())), str(db))
+    margin = 2_000_000_000
+    report = explain.explain_db(str(db), since_ns=case.t_start_ns - margin, until_ns=case.t_end_ns + margin)
     (out_dir / f"{name}-explain.txt").write_text(to_text(report, show_sql=False, width=120))
     return report
 
 
+def fleet_time(case, mono_ns):
+    """A case's CLOCK_MONOTONIC time on the fleet timeline explain reports (the hosts' realtime)."""
+    return mono_ns + case.real_minus_mono_ns
+
+
 def score(case, report):
-    """(node right, cause right) of a report for a case."""
+    """(node right, cause right) of a report for a case: the straggler named is the faulted node, alone,
+    and its episode's top cause is the fault's class; an episode that overlaps the fault window."""
     from straggler.analysis.explain import top_cause
     expected = (EXPECTED_CAUSE_ENQUEUE if case.style == "enqueue" else EXPECTED_CAUSE)[case.fault]
     if expected is None:
@@ -148,6 +155,9 @@ def score(case, report):
         named_none = report.straggler is None
         return named_none, named_none and any(f.cause == "device-wide" for f in report.findings)
     node_ok = report.stragglers == [case.node]
+    if node_ok and report.episodes:
+        on, off = fleet_time(case, case.t_fault_ns), fleet_time(case, case.t_fault_end_ns)
+        node_ok = any(e["node"] == case.node and e["start_ns"] < off and e["end_ns"] > on for e in report.episodes)
     top = top_cause(report, case.node)
     return node_ok, bool(node_ok and top is not None and top.cause == expected)
 
@@ -307,12 +317,12 @@ class SyncJobHarness:
                 del env[key]
         return env
 
-    def _popen(self, kind, host, argv, log_path):
+    def _popen(self, kind, host, argv, log_path, env=None):
         log = open(log_path, "w")
         try:
             popen = self.bed.popen(host, [str(a) for a in argv], stdin=subprocess.DEVNULL, stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True, cwd=str(REPO_ROOT),
-                                   env=self._env())
+                                   env=dict(self._env(), **(env or {})))
         finally:
             log.close()
         return _Proc(kind, host, popen, log_path)
@@ -438,6 +448,7 @@ class SyncJobHarness:
                 self.job.append(self._popen("rank", host, argv, case_dir / f"rank{r}.log"))
             self._wait_ready(case_dir, ready_timeout_s)
             t_start = time.monotonic_ns()
+            real_minus_mono = time.time_ns() - time.monotonic_ns()
             self._sleep(warmup_s, case_dir)
             t_fault = time.monotonic_ns()
             try:
@@ -468,7 +479,8 @@ class SyncJobHarness:
                           node=self.hosts[rank] if straggler else None, t_start_ns=t_start, t_fault_ns=t_fault,
                           t_fault_end_ns=t_fault_end, t_end_ns=t_end, step_ms_before=before, step_ms_during=during,
                           slowdown=slowdown, valid=valid, reason=reason, agent_dbs=dict(self.agent_dbs),
-                          rank_nodes=dict(enumerate(self.hosts)), case_dir=str(case_dir), steps=steps)
+                          rank_nodes=dict(enumerate(self.hosts)), case_dir=str(case_dir), steps=steps,
+                          real_minus_mono_ns=real_minus_mono)
 
     def _apply(self, fault, rank, controls, base, case_dir, fault_s):
         host = self.hosts[rank]

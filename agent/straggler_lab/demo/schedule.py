@@ -32,6 +32,7 @@ CONTROL_FAULTS = {"self-contention": ("threads", SELF_THREADS), "host-compute": 
 SKIP_S = 1.0                 # a phase's first second and the job's first seconds are not steady state
 WARMUP_SKIP_S = 3.0
 START_TOLERANCE_S = 5.0      # an episode starts within this of its phase
+JOB_MARGIN_NS = 2_000_000_000    # the job's span explain is asked about, with a little of its start and end
 
 
 @dataclass
@@ -86,8 +87,10 @@ def _targets(phase, ranks_per_host, world):
     return [phase.rank]
 
 
-def run_schedule(h, phases, seconds, ranks_per_host=1, name=None, ready_timeout_s=120.0):
-    """Run one job of `seconds` with `phases` applied at their times; -> ScheduleRun."""
+def run_schedule(h, phases, seconds, ranks_per_host=1, name=None, ready_timeout_s=120.0, kernel_us=None):
+    """Run one job of `seconds` with `phases` applied at their times; -> ScheduleRun. kernel_us: the
+    stand-in GPU's time per kernel (more: fewer steps a second, less CPU per rank — for several ranks per
+    host on a small machine)."""
     h._build()
     h.n_cases += 1
     name = name or f"{h.n_cases:02d}-schedule-{h.style}"
@@ -121,7 +124,8 @@ def run_schedule(h, phases, seconds, ranks_per_host=1, name=None, ready_timeout_
                     "--job-dir", case_dir]
             if h.job_nice is not None:
                 argv += ["--autogroup-nice", h.job_nice]
-            h.job.append(h._popen("rank", node_of[r], argv, case_dir / f"rank{r}.log"))
+            env = {"STRAGGLER_STANDIN_KERNEL_US": str(kernel_us)} if kernel_us else None
+            h.job.append(h._popen("rank", node_of[r], argv, case_dir / f"rank{r}.log", env=env))
         _wait_ready(h, case_dir, world, ready_timeout_s)
         t_start = time.monotonic_ns()
         real_minus_mono = time.time_ns() - time.monotonic_ns()
@@ -278,6 +282,9 @@ def _judge(case_dir, world, phases, t_start, t_end):
         if p.t_on_ns is None:
             p.valid, p.reason = False, "never applied"
             continue
+        if clean_ms != clean_ms and p.start_s <= 0 and p.end_s is None:
+            _judge_whole_job(p, case_dir, world, t_start, t_end)
+            continue
         during = [ms for t, ms in rows if p.t_on_ns + skip < t <= (p.t_off_ns or t_end)]
         if not during or clean_ms != clean_ms:
             p.valid, p.reason = False, "no steps to compare (the job logged nothing in the phase or outside)"
@@ -289,9 +296,48 @@ def _judge(case_dir, world, phases, t_start, t_end):
     return clean_ms
 
 
+def _coll_ms(path):
+    """[(t_end_mono_ns, step_ms, coll_call_ms)] of a step log."""
+    import csv
+    out = []
+    try:
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                try:
+                    out.append((int(row["t_end_mono_ns"]), float(row["step_ms"]), float(row["coll_call_ms"])))
+                except (KeyError, TypeError, ValueError):
+                    continue
+    except OSError:
+        pass
+    return out
+
+
+def _judge_whole_job(p, case_dir, world, t_start, t_end):
+    """A fault over the whole job has no clean steps to compare with: how much longer the other ranks
+    wait in each allreduce than the faulted one is the time the job loses to it every step (the job
+    would run that much faster without it)."""
+    skip = int(WARMUP_SKIP_S * 1e9)
+    waits = {r: [c for t, _, c in _coll_ms(case_dir / f"steps-rank{r}.csv") if t_start + skip < t <= t_end]
+             for r in range(world)}
+    steps = [ms for r in range(world) for t, ms, _ in _coll_ms(case_dir / f"steps-rank{r}.csv")
+             if t_start + skip < t <= t_end]
+    mine = [statistics.median(waits[r]) for r in p.ranks if waits.get(r)]
+    others = [statistics.median(w) for r, w in waits.items() if r not in p.ranks and w]
+    if not mine or not others or not steps:
+        p.valid, p.reason = False, "no steps to compare (the job logged nothing)"
+        return
+    lost_ms = max(0.0, statistics.median(others) - min(mine))
+    step = statistics.median(steps)
+    p.slowdown = step / max(1e-6, step - lost_ms)
+    p.valid = p.slowdown >= p.valid_slowdown
+    p.reason = (f"{p.fault} on {p.node} from the first step: the others wait {lost_ms:.1f} ms more per step, the "
+                f"job x{p.slowdown:.2f}" + ("" if p.valid else f", under the x{p.valid_slowdown:g} a valid phase needs"))
+
+
 def diagnose(run, out_dir, name="schedule"):
-    """explain with its defaults over the agents' stores merged (the real merge): it is not told when
-    the faults were."""
+    """explain with its defaults over the agents' stores merged (the real merge), over the job's span (the
+    agents trace every job of the harness; a user asks about the job they ran): it is not told when the
+    faults were."""
     from pathlib import Path
 
     from straggler.analysis import explain
@@ -303,7 +349,7 @@ def diagnose(run, out_dir, name="schedule"):
     if db.exists():
         db.unlink()
     merge(sorted(set(run.agent_dbs.values())), str(db))
-    report = explain.explain_db(str(db))
+    report = explain.explain_db(str(db), since_ns=run.t_start_ns - JOB_MARGIN_NS, until_ns=run.t_end_ns + JOB_MARGIN_NS)
     (out_dir / f"{name}-explain.txt").write_text(to_text(report, show_sql=False, width=140))
     return report
 
@@ -324,7 +370,11 @@ def score_phase(run, phase, report):
         return False, False, False
     top = max(e.get("causes") or [], key=lambda c: c["share"], default=None)
     cause_ok = top is not None and top["cause"] == phase.expected_cause
-    start_ok = phase.start_s <= 0 or abs(e["start_ns"] - (phase.t_on_ns + run.real_minus_mono_ns)) <= START_TOLERANCE_S * 1e9
+    on = phase.t_on_ns + run.real_minus_mono_ns
+    if phase.start_s <= 0:           # from the first step: the episode starts with the job (its first summaries)
+        start_ok = e["start_ns"] <= on + START_TOLERANCE_S * 1e9
+    else:
+        start_ok = abs(e["start_ns"] - on) <= START_TOLERANCE_S * 1e9
     return True, cause_ok, start_ok
 
 

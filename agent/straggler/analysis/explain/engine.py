@@ -167,8 +167,11 @@ def _episodes(runner, opts, report, callers, span_rows):
         if not windows:
             continue
         analysis = analyse(runner, opts, windows, span_rows)
-        named = [s["rank"].key for s in analysis.verdict.stragglers]
-        if not any(k[0] == e.node for k in named):
+        # the episode's node, and a node whose own episode overlaps it, may be named in it: another rank
+        # that merely waits a little less all along (a job's root rank, say) is no straggler of this time
+        overlapping = {o.node for o in found if o.start < e.end and o.end > e.start}
+        analysis.verdict.stragglers = [s for s in analysis.verdict.stragglers if s["rank"].key[0] in overlapping]
+        if not any(s["rank"].key[0] == e.node for s in analysis.verdict.stragglers):
             continue                   # the model over the episode's own time does not confirm it
         judged.append(timeline.judge(series, e, found, analysis))
         if len(judged) >= MAX_EPISODES_JUDGED:
