@@ -32,10 +32,11 @@ from .. import defaults
 from ..addresses import format_address, is_loopback, parse_listen
 from ..errors import StragglerError
 from ..store import steptime
-from ..store.query import open_readonly
+from ..store.query import reading
 from ..text import one_line
 
 DEFAULT_WINDOW_S = 10.0
+DEFAULT_TIMEOUT_S = 5.0                 # one scrape's reads; SQLite is interrupted at it
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -55,9 +56,8 @@ def _prometheus():
     return CounterMetricFamily, GaugeMetricFamily, generate_latest, CollectorRegistry
 
 
-def _read(db_path, window_s, at_ns=None):
-    conn = open_readonly(db_path)
-    try:
+def _read(db_path, window_s, at_ns=None, timeout_s=DEFAULT_TIMEOUT_S):
+    with reading(db_path, timeout_s, "the metrics") as conn:
         newest = conn.execute("SELECT MAX(ts + interval_ns) FROM thread_time").fetchone()[0]
         now = time.monotonic_ns() if at_ns is None else int(at_ns)
         rows = []
@@ -76,8 +76,6 @@ def _read(db_path, window_s, at_ns=None):
             rows = [dict(zip(names, r)) for r in cur.fetchall()]
         lost = conn.execute("SELECT probe, SUM(count) FROM lost_events GROUP BY probe").fetchall()
         cost = conn.execute("SELECT interval_ns, cpu_seconds, rss_bytes FROM agent_cost ORDER BY ts DESC LIMIT 1").fetchone()
-    finally:
-        conn.close()
     return newest, rows, lost, cost, now
 
 
@@ -114,12 +112,13 @@ def rank_summaries(rows, window_ns):
 class NodeCollector:
     """A prometheus-client collector over one node's store (computed at each scrape)."""
 
-    def __init__(self, db_path, node, window_s=DEFAULT_WINDOW_S, at_ns=None):
+    def __init__(self, db_path, node, window_s=DEFAULT_WINDOW_S, at_ns=None, timeout_s=DEFAULT_TIMEOUT_S):
         self.db_path, self.node, self.window_s, self.at_ns = db_path, node, float(window_s), at_ns
+        self.timeout_s = timeout_s
 
     def collect(self):
         Counter, Gauge, _, _ = _prometheus()
-        newest, rows, lost, cost, now = _read(self.db_path, self.window_s, self.at_ns)
+        newest, rows, lost, cost, now = _read(self.db_path, self.window_s, self.at_ns, self.timeout_s)
         node = self.node
         wait = Gauge("straggler_rank_wait_ratio", "Share of wall time the rank's calling thread waited for its peers "
                      "(blocking: collectives + blocked; enqueue: also synchronize)", labels=["node", "rank", "pid", "wait"])
@@ -168,12 +167,13 @@ class NodeCollector:
         yield rss
 
 
-def render(db_path, node, window_s=DEFAULT_WINDOW_S, at_ns=None):
+def render(db_path, node, window_s=DEFAULT_WINDOW_S, at_ns=None, timeout_s=DEFAULT_TIMEOUT_S):
     """The metrics of one node's store in the text exposition format (bytes). at_ns: the node's
-    CLOCK_MONOTONIC the window ends at (default: now)."""
+    CLOCK_MONOTONIC the window ends at (default: now). QueryTimeout when the reads take longer than
+    timeout_s."""
     _, _, generate_latest, CollectorRegistry = _prometheus()
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(NodeCollector(db_path, node, window_s, at_ns))
+    registry.register(NodeCollector(db_path, node, window_s, at_ns, timeout_s))
     return generate_latest(registry)
 
 

@@ -15,10 +15,22 @@ Routes (JSON unless noted; role = what the client certificate must grant, see tl
   GET  /api/v1/snapshot  -> a consistent copy of the whole database (application/vnd.sqlite3)  snapshot
 
 App's handlers run in worker threads, take a transport.Request and return a transport.Answer; a
-domain error becomes a one-line JSON answer {"node","error","kind"} (App.call). This module must
-not touch a socket or know a connection (transport.py, server.py), must not write to the database,
-and holds no SQL rules of its own (store/query.py does).
+domain error becomes a one-line JSON answer {"node","error","kind"} (App.call): a bad parameter is
+a 400, a read past its deadline or over the node's memory a 503. Every answer's bytes are held in
+the server's memory for answers in flight (limits.AnswerMemory) until written.
+
+A query answer is made row by row (QueryStream): up to STREAM_AFTER_BYTES it is answered whole,
+with its length (and an error before then is a 400, as for any query); a bigger one streams in
+parts of about STREAM_CHUNK_BYTES, each made only when the one before was written. A stream that
+stops early (its time limit, the node's memory, an SQL error in a later row) still ends as valid
+JSON: "truncated": true with "truncated_reason" (timeout | memory | busy | sql-error) and "error".
+
+Light routes (clock, health, live, metrics) run in their own pool under a deadline (Route.timeout_s),
+so heavy queries never delay them. This module must not touch a socket or know a connection
+(transport.py, server.py), must not write to the database, and holds no SQL rules of its own
+(store/query.py does).
 """
+import threading
 import json
 import logging
 import math
@@ -30,7 +42,8 @@ from typing import NamedTuple, Optional
 from .. import __version__
 from ..clock import read_clock_pair
 from ..errors import StragglerError
-from ..store.query import DatabaseUnavailable, JsonAnswer, QueryError, open_readonly, run_query
+from ..store.query import (AnswerMemoryFull, DatabaseUnavailable, JsonAnswer, QueryError, QueryTimeout, ReadQuery,
+                           defensive_mode, reading, value_limit)
 from ..text import one_line
 from ..tls import ROLE_QUERY, ROLE_SNAPSHOT
 from .transport import Answer, BadRequest
@@ -46,27 +59,37 @@ DEFAULT_LIMIT = 10000
 SNAPSHOT_TIMEOUT_S = 120.0
 CLOCK_PAIRS_DEFAULT = 16
 CLOCK_PAIRS_MAX = 1000
+STREAM_AFTER_BYTES = 256 << 10      # a query answer up to this is sent whole, with its length
+STREAM_CHUNK_BYTES = 256 << 10      # then in parts of about this
+MEMORY_WAIT_S = 5.0                 # how long an answer waits for room in the answers' memory
+HEALTH_TIMEOUT_S = 5.0              # the light routes' deadlines (SQLite is interrupted at them)
+LIVE_TIMEOUT_S = 5.0
+METRICS_TIMEOUT_S = 5.0
+CLOCK_TIMEOUT_S = 2.0
 API_PREFIX = "/api/v1"
 QUERY_SHAPE = "{\"sql\": ..., \"limit\": N}"
 
 
 class Route(NamedTuple):
     """A path's method ("GET" also answers HEAD), the role it needs, the App handler that answers
-    it, the pool it runs in ("query", or "snapshot": one at a time), and, when the answer is made
-    in two steps, the App method that finishes it in the event loop just before it is sent."""
+    it, the pool it runs in ("query"; "light": small reads under a deadline; "snapshot": one at a
+    time), its deadline in seconds (None: the handler's own: a query's time limit, the snapshot's),
+    and, when the answer is made in two steps, the App method that finishes it in the event loop
+    just before it is sent."""
     method: str
     role: str
     handler: str
     pool: str = "query"
+    timeout_s: Optional[float] = None
     finish: Optional[str] = None
 
 
 ROUTES = {
     f"{API_PREFIX}/query": Route("POST", ROLE_QUERY, "query"),
-    f"{API_PREFIX}/clock": Route("GET", ROLE_QUERY, "clock_pairs", finish="clock"),
-    f"{API_PREFIX}/health": Route("GET", ROLE_QUERY, "health"),
-    f"{API_PREFIX}/live": Route("GET", ROLE_QUERY, "live"),
-    "/metrics": Route("GET", ROLE_QUERY, "metrics"),
+    f"{API_PREFIX}/clock": Route("GET", ROLE_QUERY, "clock_pairs", "light", CLOCK_TIMEOUT_S, finish="clock"),
+    f"{API_PREFIX}/health": Route("GET", ROLE_QUERY, "health", "light", HEALTH_TIMEOUT_S),
+    f"{API_PREFIX}/live": Route("GET", ROLE_QUERY, "live", "light", LIVE_TIMEOUT_S),
+    "/metrics": Route("GET", ROLE_QUERY, "metrics", "light", METRICS_TIMEOUT_S),
     f"{API_PREFIX}/snapshot": Route("GET", ROLE_SNAPSHOT, "snapshot", pool="snapshot"),
 }
 ROUTES_TEXT = (f"{API_PREFIX}/query (POST), {API_PREFIX}/clock, {API_PREFIX}/health, {API_PREFIX}/snapshot, "
@@ -141,7 +164,8 @@ class App:
     threads and return an Answer; none of them touches a socket."""
 
     def __init__(self, db_path, node, max_rows=MAX_ROWS, max_query_seconds=MAX_QUERY_SECONDS,
-                 snapshot_dir=None, max_answer_bytes=MAX_ANSWER_BYTES, snapshot_timeout_s=SNAPSHOT_TIMEOUT_S):
+                 snapshot_dir=None, max_answer_bytes=MAX_ANSWER_BYTES, snapshot_timeout_s=SNAPSHOT_TIMEOUT_S,
+                 memory=None):
         self.db_path = db_path
         self.node = node
         self.max_rows = max_rows
@@ -149,7 +173,10 @@ class App:
         self.max_answer_bytes = max_answer_bytes
         self.snapshot_dir = snapshot_dir
         self.snapshot_timeout_s = snapshot_timeout_s
+        self.memory = memory            # limits.AnswerMemory (None: unbounded, for tests of the routes alone)
         self.tls = False
+        self.crl_status = None          # a callable -> tls.crl_status dict, set by the server when it checks a CRL
+        self.limits = {}                # the server's limits, shown by /api/v1/health
         self.started_mono_ns = time.monotonic_ns()
 
     def error(self, code, message, kind="error"):
@@ -174,18 +201,39 @@ class App:
         return route, None
 
     def call(self, handler, request):
-        """A handler (in a worker thread); BadRequest and domain errors become one-line answers."""
+        """A handler (in a worker thread); BadRequest and domain errors become one-line answers, and
+        the answer's bytes are held in the answers' memory until written."""
         try:
-            return getattr(self, handler)(request)
+            answer = getattr(self, handler)(request)
         except BadRequest as exc:
-            return self.error(exc.code, exc, kind=exc.kind)
+            answer = self.error(exc.code, exc, kind=exc.kind)
         except DatabaseUnavailable as exc:
-            return self.error(503, exc, kind="database")
+            answer = self.error(503, exc, kind="database")
+        except QueryError as exc:   # a light route's read past its deadline, or over the node's memory
+            answer = self.error(503, exc, kind=exc.kind)
         except StragglerError as exc:
-            return self.error(500, exc)
+            answer = self.error(500, exc)
         except Exception as exc:
             log.exception("route failed")
-            return self.error(500, f"internal error: {one_line(exc)}")
+            answer = self.error(500, f"internal error: {one_line(exc)}")
+        return self.hold(answer)
+
+    def hold(self, answer):
+        """Reserve an answer's bytes in the answers' memory (released when it is written), unless it
+        holds its own (a query's, a file's); a 503 when no room comes within MEMORY_WAIT_S."""
+        if not isinstance(answer, Answer) or self.memory is None or answer.cleanup is not None \
+                or answer.stream is not None or answer.path is not None or not answer.size:
+            return answer
+        size, memory = answer.size, self.memory
+        if answer.code < 400 and not memory.reserve(size, MEMORY_WAIT_S):
+            answer = self.error(503, f"the node's memory for answers in flight ({memory.capacity >> 20} MiB) stayed "
+                                     f"full for {MEMORY_WAIT_S:g} s; retry in a moment", kind="busy")
+            size = answer.size
+            memory.force(size)
+        elif answer.code >= 400:
+            memory.force(size)
+        answer.cleanup = lambda: memory.release(size)
+        return answer
 
     def query(self, request):
         body = request_json(request.body)
@@ -194,12 +242,7 @@ class App:
             raise BadRequest(400, "missing \"sql\" (a string) in the request")
         limit = min(number(body, "limit", DEFAULT_LIMIT, integer=True), self.max_rows)
         timeout_s = min(number(body, "timeout_s", DEFAULT_QUERY_SECONDS, integer=False), self.max_query_seconds)
-        answer = JsonAnswer(self.node, self.max_answer_bytes)
-        try:
-            run_query(self.db_path, sql, limit=limit, timeout_s=timeout_s, into=answer)
-        except QueryError as exc:
-            return self.error(400, exc, kind=exc.kind)
-        return Answer(200, answer.chunks)
+        return QueryStream(self, sql, limit, timeout_s).first()
 
     def clock_pairs(self, request):
         """The last ?pairs=N stored clock pairs (the clock itself is read by `clock`, last)."""
@@ -210,13 +253,10 @@ class App:
         if wanted <= 0:
             return []
         try:
-            conn = open_readonly(self.db_path)
-            try:
+            with reading(self.db_path, CLOCK_TIMEOUT_S / 2, "the clock pairs") as conn:
                 return [list(p) for p in reversed(conn.execute(
                     "SELECT mono_ns, real_ns FROM clock_pairs ORDER BY mono_ns DESC LIMIT ?",
                     (min(wanted, CLOCK_PAIRS_MAX),)).fetchall())]
-            finally:
-                conn.close()
         except Exception as exc:  # the clock answer stays useful without stored pairs
             log.debug("clock pairs unavailable: %s", exc)
             return []
@@ -228,21 +268,28 @@ class App:
 
     def health(self, request):
         from ..store.status import collect_status
-        status = collect_status(self.db_path)
+        status = collect_status(self.db_path, timeout_s=HEALTH_TIMEOUT_S)
         status["db_node"] = status.get("node")
         status["node"] = self.node
+        defensive, how = defensive_mode()
         status["api"] = {"version": __version__, "uptime_s": round((time.monotonic_ns() - self.started_mono_ns) / 1e9, 1),
-                         "tls": self.tls}
+                         "tls": self.tls, "sqlite_defensive": how if defensive else f"off: {how}",
+                         "limits": dict(self.limits)}
+        if self.memory is not None:
+            status["api"]["answer_memory"] = {"used": self.memory.used, "peak": self.memory.peak,
+                                              "capacity": self.memory.capacity}
+        # the revocation list: "expiring"/"expired"/"missing"/"unreadable" say loudly what to do
+        status["crl"] = self.crl_status() if self.crl_status is not None else None
         return json_answer(200, status)
 
     def live(self, request):
-        from ..store.live import live_summary
+        from ..store.live import check_since, live_summary
         text = (request.query.get("since") or [None])[0]
         try:
-            since = int(text) if text not in (None, "") else None
-        except ValueError:
-            raise BadRequest(400, f"since={text!r}: give the node's CLOCK_MONOTONIC time in ns (an integer)") from None
-        answer = live_summary(self.db_path, since)
+            since = check_since(text)
+        except ValueError as exc:
+            raise BadRequest(400, str(exc)) from None
+        answer = live_summary(self.db_path, since, timeout_s=LIVE_TIMEOUT_S)
         mono_ns, real_ns = read_clock_pair()   # last, as for /clock: the watch's offset sample
         answer.update(node=self.node, monotonic_ns=mono_ns, realtime_ns=real_ns)
         return json_answer(200, answer)
@@ -250,7 +297,7 @@ class App:
     def metrics(self, request):
         from . import metrics
         try:
-            body = metrics.render(self.db_path, self.node)
+            body = metrics.render(self.db_path, self.node, timeout_s=METRICS_TIMEOUT_S)
         except metrics.MetricsUnavailable as exc:
             return self.error(503, exc, kind="metrics-unavailable")
         return Answer(200, [body], content_type=metrics.CONTENT_TYPE)
@@ -267,3 +314,101 @@ class App:
         return Answer(200, content_type="application/vnd.sqlite3", path=out_path, size=summary["bytes"],
                       headers=[("Content-Disposition", f'attachment; filename="{self.node}.db"')],
                       cleanup=lambda: shutil.rmtree(work_dir, ignore_errors=True))
+
+
+class QueryStream:
+    """A query answer made row by row (ReadQuery into a JsonAnswer) while it is sent.
+
+    first() (in a worker) starts the query and makes up to STREAM_AFTER_BYTES: an answer that ends
+    there goes out whole with its length (an error there is a one-line 400, 503 when the node's
+    memory is full); a longer one goes out as a stream whose next parts next_chunk() makes (in a
+    worker, each after the one before was written). Between parts the query's deadline is paused
+    (the reader's time is not the query's). Thread-safe against abandon() from the event loop."""
+
+    def __init__(self, app, sql, limit, timeout_s):
+        self.app = app
+        self.query = ReadQuery(app.db_path, sql, limit=limit, timeout_s=timeout_s,
+                               max_value_bytes=value_limit(app.max_answer_bytes), any_thread=True)
+        self.answer = JsonAnswer(app.node, app.max_answer_bytes, memory=app.memory, wait_s=MEMORY_WAIT_S)
+        self.done = False
+        self._lock = threading.Lock()
+        self._abandoned = False
+
+    def first(self):
+        try:
+            self.answer.start(self.query.start())
+            self._fill(STREAM_AFTER_BYTES, committed=False)
+        except QueryError as exc:
+            self.close()
+            return self.app.error(503 if isinstance(exc, AnswerMemoryFull) else 400, exc, kind=exc.kind)
+        except BaseException:
+            self.close()
+            raise
+        pieces, nbytes = self.answer.take()
+        if self.done:
+            self.close(keep=nbytes)
+            return Answer(200, pieces, cleanup=lambda: self.answer.release_all())
+        self.query.pause()
+        return Answer(200, pieces, stream=self, on_sent=self.sent, cleanup=self.abandon)
+
+    def _fill(self, nbytes, committed=True):
+        """Rows into the answer until it holds nbytes or the rows end (self.done). Before the answer
+        is committed (nothing sent yet) an error is raised, to become an error answer; after, it
+        ends the rows: truncated, with its reason and the error."""
+        while self.answer.pending < nbytes:
+            try:
+                row = self.query.next_row()
+                if row is not None and not self.answer.add(row):
+                    self.query.truncated_reason = "bytes"
+                    row = None
+            except QueryError as exc:
+                if not committed:
+                    raise
+                self.query.truncated_reason = exc.kind
+                self._finish(error=exc)
+                return
+            if row is None:
+                self._finish()
+                return
+
+    def _finish(self, error=None):
+        self.answer.finish(self.query.result(), error=error)
+        self.done = True
+
+    def next_chunk(self):
+        """The next part (pieces, bytes), or None at the end; in a worker thread."""
+        with self._lock:
+            if self.done or self._abandoned:
+                self._close_locked()
+                return None
+            self.query.resume()
+            try:
+                self._fill(STREAM_CHUNK_BYTES)
+            finally:
+                self.query.pause()
+            if self.done:
+                self.query.close()
+            return self.answer.take()
+
+    def sent(self, nbytes):
+        self.answer.release(nbytes)
+
+    def abandon(self):
+        """From the event loop, when the answer ends (finished, cut or its connection gone): stop the
+        query and free what the answer holds, now if no part is being made, else when it is."""
+        self._abandoned = True
+        self.query.abandon()
+        if self._lock.acquire(blocking=False):
+            try:
+                self._close_locked()
+            finally:
+                self._lock.release()
+
+    def _close_locked(self):
+        self.query.close()
+        self.answer.release_all()
+
+    def close(self, keep=0):
+        """Close the query; free what the answer holds but `keep` bytes (handed to the sender)."""
+        self.query.close()
+        self.answer.release(max(0, self.answer.held - keep))

@@ -15,10 +15,22 @@ loop nor /health.
   - A request (its line, headers and body) must arrive within REQUEST_TIMEOUT_S of the connection
     becoming ready for it (after the handshake, or after the previous answer); bounded sizes; every
     malformed request gets a 4xx with one line and the server goes on serving (transport.py).
-  - An answer is built in bounded memory (routes.py: query answers are encoded while fetched, at
-    most --max-answer-bytes) and sent under a deadline that grows with its size (transport.py).
-  - The TLS context is re-read when the CA, certificate, key or CRL files change (tls.ServerContextCache):
-    a revoked client certificate fails its next handshake without a restart.
+  - Memory: a query answer is made row by row and streams (routes.QueryStream: one part in memory
+    per answer, at most --max-answer-bytes in all), and every answer's bytes not yet written count
+    against one cap for the whole server (--max-inflight-bytes, limits.AnswerMemory); queries' own
+    memory (sorts, temporary tables) is capped by the store's watchdog (--max-query-memory). Answers
+    go out under a deadline that grows with their size (transport.py).
+  - Fair shares (limits.ClientShares): a client (its certificate) may hold at most
+    --max-connections-per-client connections and run --max-queries-per-client queries (and two
+    light requests) at once; over that it gets a 429 with one line. Queries, light reads (clock,
+    health, live, metrics, each under a deadline) and snapshots have pools of their own, so a client
+    that fills one leaves the others and every other client served.
+  - Revocation: the TLS context is re-read when the CA, certificate, key or CRL files change
+    (tls.ServerContextCache): a revoked certificate fails its next handshake, every request of an
+    open connection is checked against the CRL in use (403, one line, closed), and within
+    REVOCATION_CHECK_S of a new CRL the open connections of a revoked certificate are closed. A CRL
+    in use that goes missing or unreadable refuses every client (503) until it is back. A
+    connection lives at most --max-connection-seconds: the answer after that closes it.
   - Plain HTTP (--no-tls) binds to loopback only unless told otherwise (any_address), and a client
     that speaks the other protocol is told so in one line instead of both sides waiting.
 
@@ -33,14 +45,18 @@ import logging
 import socket
 import ssl
 import threading
+from typing import Optional
 
 from .. import defaults
 from ..addresses import format_address, is_loopback, is_wildcard, parse_listen
 from ..errors import StragglerError
 from ..store.query import node_name, open_readonly
+from ..store.watchdog import DEFAULT_MEMORY_CAP, WATCHDOG
 from ..text import one_line
 from ..tls import ROLES, ServerContextCache, TLSOptions, peer_roles, warn_no_tls
 from . import transport
+from .limits import (DEFAULT_MAX_INFLIGHT_BYTES, MAX_CONNECTIONS_PER_CLIENT, MAX_LIGHT_PER_CLIENT,
+                     MAX_QUERIES_PER_CLIENT, AnswerMemory, ClientShares)
 from .routes import App
 from .transport import BadRequest, Deadlines
 
@@ -51,24 +67,52 @@ DEFAULT_LISTEN = defaults.LISTEN
 MAX_PENDING_PER_PEER = 16           # connections of one address not yet authenticated
 MAX_PENDING = 256
 MAX_CONNECTIONS = 512               # open connections in all (pending and authenticated)
-QUERY_WORKERS = 4                   # SQLite work at once (queries, health, live, metrics)
-POOL_WORKERS = {"query": QUERY_WORKERS, "snapshot": 1}   # routes.Route.pool; a pool of one: one request at a time
+QUERY_WORKERS = 4                   # queries at once
+LIGHT_WORKERS = 4                   # clock, health, live, metrics at once
+POOL_WORKERS = {"query": QUERY_WORKERS, "light": LIGHT_WORKERS, "snapshot": 1}   # routes.Route.pool; a pool of one: one request at a time
 LISTEN_BACKLOG = 512
+MAX_CONNECTION_S = 300.0            # a connection's lifetime: the answer after it closes the connection
+REVOCATION_CHECK_S = 1.0            # how often the TLS files are looked at for a new CRL (open connections)
+GRACE_S = 1.0                       # a light route's answer may come this late before the loop gives up on it
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerLimits:
+    """What the server allows in all and per client (see the module docstring)."""
+    max_connections: int = MAX_CONNECTIONS
+    max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT
+    max_queries_per_client: int = MAX_QUERIES_PER_CLIENT
+    max_connection_s: float = MAX_CONNECTION_S
+    max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
+    max_query_memory: int = DEFAULT_MEMORY_CAP
+
+
+@dataclasses.dataclass
+class _Session:
+    """An authenticated connection: who (client key, certificate serial) and since when."""
+    peer: str
+    client: tuple
+    serial: Optional[str]
+    started: float
 
 
 class _Server:
     """The event loop, its listening socket and its connections (runs in one background thread)."""
 
-    def __init__(self, sock, app, contexts, deadlines):
+    def __init__(self, sock, app, contexts, deadlines, limits=None):
         self.sock = sock
         self.app = app
         self.contexts = contexts          # tls.ServerContextCache, None for plain HTTP
         self.deadlines = deadlines
+        self.limits = limits or ServerLimits()
+        self.shares = ClientShares(self.limits.max_connections_per_client,
+                                   {"query": self.limits.max_queries_per_client, "light": MAX_LIGHT_PER_CLIENT})
         self.loop = None
         self.thread = None
         self.pending = collections.OrderedDict()   # task -> peer, oldest first: not yet authenticated
         self.pending_by_peer = collections.Counter()
         self.open = set()
+        self.sessions = {}                # task -> _Session: authenticated connections
         self.pools = {name: concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix=f"straggler-{name}")
                       for name, workers in POOL_WORKERS.items()}
         self._busy = set()                # pools of one at work now (a second request is told to retry)
@@ -89,12 +133,15 @@ class _Server:
     async def _main(self):
         self._stopped = asyncio.Event()
         accept = asyncio.ensure_future(self._accept_loop())
+        watch = asyncio.ensure_future(self._revocation_loop()) if self.contexts is not None else None
         self._ready.set()
         await self._stopped.wait()
         accept.cancel()
+        if watch is not None:
+            watch.cancel()
         for task in list(self.open):
             task.cancel()
-        await asyncio.gather(accept, *self.open, return_exceptions=True)
+        await asyncio.gather(accept, *([watch] if watch else []), *self.open, return_exceptions=True)
         self.sock.close()
 
     def stop(self, timeout_s=5.0):
@@ -119,7 +166,7 @@ class _Server:
                 await asyncio.sleep(0.1)
                 continue
             peer = address[0]
-            if len(self.open) >= MAX_CONNECTIONS:
+            if len(self.open) >= self.limits.max_connections:
                 if not self._evict_oldest_pending(None):
                     log.warning("connection from %s dropped: %d connections open", peer, len(self.open))
                     conn.close()
@@ -154,6 +201,22 @@ class _Server:
     def _forget(self, task):
         self._authenticated(task)
         self.open.discard(task)
+        self.sessions.pop(task, None)
+
+    async def _revocation_loop(self):
+        """Every REVOCATION_CHECK_S: a new CRL (or one gone missing) closes the open connections it refuses."""
+        generation = self.contexts.generation
+        while True:
+            await asyncio.sleep(REVOCATION_CHECK_S)
+            self.contexts.current()
+            if self.contexts.generation == generation:
+                continue
+            generation = self.contexts.generation
+            for task, session in list(self.sessions.items()):
+                refusal = self.contexts.refusal(session.serial)
+                if refusal is not None:
+                    log.info("closing the connection of %s: %s", session.peer, refusal[1])
+                    task.cancel()
 
     async def _connection(self, conn, peer):
         loop = asyncio.get_running_loop()
@@ -174,6 +237,7 @@ class _Server:
                 return
             if self.contexts is None:
                 stream, roles = transport.PlainStream(loop, conn), frozenset(ROLES)   # loopback only (make_server)
+                client, serial = ("address", peer), None
             else:
                 stream = transport.TLSStream(loop, conn, self.contexts.current())
                 try:
@@ -183,9 +247,28 @@ class _Server:
                     log.info("TLS handshake with %s failed: %s", peer,
                              one_line(exc) if str(exc) else "no handshake within the time limit")
                     return
-                roles = peer_roles(stream.peercert() or {})
+                cert = stream.peercert() or {}
+                roles = peer_roles(cert)
+                serial = cert.get("serialNumber")
+                client = ("certificate", serial)
             self._authenticated(task)
-            await self._session(stream, peer, roles)
+            refusal = self.contexts.refusal(serial) if self.contexts is not None else None
+            if refusal is not None:
+                log.info("%s refused after the handshake: %s", peer, refusal[1])
+                await transport.refuse_now(stream, self._refusal_answer(refusal), self.app.node)
+                return
+            if not self.shares.open(client):
+                cap = self.shares.max_connections
+                log.info("%s: over its share of %d connections; told so", peer, cap)
+                await transport.refuse_now(stream, self.app.error(
+                    429, f"this client already holds {cap} connections to this agent (its share); close some, "
+                         f"or reuse them (keep-alive)", kind="too-many-connections"), self.app.node)
+                return
+            self.sessions[task] = _Session(peer, client, serial, loop.time())
+            try:
+                await self._session(stream, self.sessions[task], roles)
+            finally:
+                self.shares.close(client)
         except asyncio.CancelledError:
             pass
         except (ConnectionError, ssl.SSLError, OSError) as exc:
@@ -197,6 +280,10 @@ class _Server:
                 conn.close()
             except OSError:
                 pass
+
+    def _refusal_answer(self, refusal):
+        code, message = refusal
+        return self.app.error(code, message, kind="revoked" if code == 403 else "crl")
 
     async def _wrong_protocol(self, conn, peer, is_tls):
         """A client that speaks the other protocol (plain HTTP to HTTPS, TLS to plain HTTP) gets a
@@ -213,9 +300,11 @@ class _Server:
         await transport.send_refusal(conn, answer, node)
 
     # -- requests
-    async def _session(self, stream, peer, roles):
-        """Requests on one connection (HTTP/1.1 keep-alive), each under its own deadline."""
-        app, deadlines = self.app, self.deadlines
+    async def _session(self, stream, session, roles):
+        """Requests on one connection (HTTP/1.1 keep-alive), each under its own deadline, each checked
+        against the CRL in use; the answer after the connection's lifetime closes it."""
+        app, deadlines, peer = self.app, self.deadlines, session.peer
+        loop = asyncio.get_running_loop()
         while True:
             try:
                 request = await asyncio.wait_for(transport.read_request(stream), deadlines.request_timeout_s)
@@ -229,33 +318,84 @@ class _Server:
                 return
             if request is None:   # the client closed between requests
                 return
-            answer = await self._dispatch(request, roles)
-            if not await transport.send_answer(stream, peer, answer, app.node, deadlines, close=request.close,
-                                               head_only=request.method == "HEAD"):
+            refusal = self.contexts.refusal(session.serial) if self.contexts is not None else None
+            if refusal is not None:
+                log.info("%s: request refused: %s", peer, refusal[1])
+                await transport.send_answer(stream, peer, self._refusal_answer(refusal), app.node, deadlines,
+                                            close=True)
                 return
-            if request.close:
+            close = request.close or loop.time() - session.started >= self.limits.max_connection_s
+            route, answer = app.route(request, roles)
+            counted = False
+            if route is not None:
+                if self.shares.start(session.client, route.pool):
+                    counted = True
+                else:
+                    answer = app.error(429, f"this client already runs {self.shares.max_in_pool[route.pool]} "
+                                            f"{route.pool} requests on this agent (its share); wait for one to "
+                                            f"finish", kind="too-many-requests")
+            try:
+                if answer is None:
+                    answer = await self._dispatch(route, request)
+                pool = self.pools[route.pool] if route is not None else None
+                sent = await transport.send_answer(stream, peer, answer, app.node, deadlines, close=close,
+                                                   head_only=request.method == "HEAD",
+                                                   pull=lambda fn: self._pull(pool, fn), version=request.version)
+            finally:
+                if counted:
+                    self.shares.end(session.client, route.pool)
+            if not sent or close:
                 return
 
-    async def _dispatch(self, request, roles):
-        """The request's route run in its pool (a pool of one answers 503 while busy)."""
+    async def _pull(self, pool, fn):
+        """fn() in the pool (a streamed answer's next part); its failure cuts the answer."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(pool, fn)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("a streamed answer failed")
+            raise transport.StreamCut(one_line(exc)) from None
+
+    async def _dispatch(self, route, request):
+        """The request's route run in its pool (a pool of one answers 503 while busy), within the
+        route's deadline (a light route's answer that comes too late is a 503, and dropped)."""
         app = self.app
-        route, refusal = app.route(request, roles)
-        if refusal is not None:
-            return refusal
         one_at_a_time = POOL_WORKERS[route.pool] == 1
         if one_at_a_time:
             if route.pool in self._busy:
                 return app.error(503, f"another {route.pool} is being made; retry in a moment", kind="busy")
             self._busy.add(route.pool)
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self.pools[route.pool], app.call, route.handler, request)
         try:
-            loop = asyncio.get_running_loop()
-            answer = await loop.run_in_executor(self.pools[route.pool], app.call, route.handler, request)
+            done, _ = await asyncio.wait({future}, timeout=route.timeout_s + GRACE_S if route.timeout_s else None)
+        except asyncio.CancelledError:
+            future.add_done_callback(_drop_answer)
+            raise
         finally:
             if one_at_a_time:
                 self._busy.discard(route.pool)
+        if not done:
+            future.add_done_callback(_drop_answer)
+            return app.error(503, f"{request.path} did not answer within {route.timeout_s:g} s; retry",
+                             kind="timeout")
+        answer = future.result()
         if route.finish is not None and not isinstance(answer, transport.Answer):
             answer = getattr(app, route.finish)(answer)   # in the loop, just before it is sent
         return answer
+
+
+def _drop_answer(future):
+    """An answer nobody will send (its request gave up or its connection went): free what it holds."""
+    if future.cancelled() or future.exception() is not None:
+        return
+    answer = future.result()
+    if isinstance(answer, transport.Answer):
+        if answer.stream is not None:
+            answer.stream.abandon()
+        elif answer.cleanup is not None:
+            answer.cleanup()
 
 
 class ServerHandle:
@@ -307,10 +447,19 @@ def _listen_socket(host, port):
 
 def make_server(db_path, node=None, listen=DEFAULT_LISTEN, tls=None, **limits):
     """Bind (not yet serving). Returns (server, node, scheme). `limits`: transport.Deadlines'
-    (handshake_timeout_s, request_timeout_s, send_timeout_s, min_send_rate) and routes.App's
-    (max_rows, max_query_seconds, max_answer_bytes, snapshot_dir, snapshot_timeout_s)."""
+    (handshake_timeout_s, request_timeout_s, send_timeout_s, min_send_rate), ServerLimits'
+    (max_connections, max_connections_per_client, max_queries_per_client, max_connection_s,
+    max_inflight_bytes, max_query_memory) and routes.App's (max_rows, max_query_seconds,
+    max_answer_bytes, snapshot_dir, snapshot_timeout_s)."""
     deadlines = Deadlines(**{field.name: limits.pop(field.name) for field in dataclasses.fields(Deadlines)
                              if field.name in limits})
+    server_limits = ServerLimits(**{field.name: limits.pop(field.name) for field in dataclasses.fields(ServerLimits)
+                                    if field.name in limits})
+    for name in ("max_connections", "max_connections_per_client", "max_queries_per_client", "max_inflight_bytes"):
+        if getattr(server_limits, name) < 1:
+            raise StragglerError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(server_limits, name)}")
+    if not server_limits.max_connection_s > 0 or server_limits.max_query_memory < 0:
+        raise StragglerError("--max-connection-seconds must be more than 0 and --max-query-memory at least 0")
     tls = tls or TLSOptions()
     host, port = parse_listen(listen, DEFAULT_PORT)
     if tls.no_tls:
@@ -330,14 +479,18 @@ def make_server(db_path, node=None, listen=DEFAULT_LISTEN, tls=None, **limits):
     # fail early (and clearly) on a database we cannot read; the API serves it read-only
     open_readonly(db_path).close()
     node = node or node_name(db_path)
-    app = App(db_path, node, **limits)
+    WATCHDOG.memory_cap = server_limits.max_query_memory   # the process's queries, all servers together
+    app = App(db_path, node, memory=AnswerMemory(server_limits.max_inflight_bytes), **limits)
     app.tls = contexts is not None
+    app.limits = dataclasses.asdict(server_limits)
+    if contexts is not None:
+        app.crl_status = contexts.crl_status
     try:
         sock = _listen_socket(host, port)
     except OSError as exc:
         raise StragglerError(f"cannot listen on {format_address(host, port)}: {exc.strerror or exc}; "
                              f"is another agent serving there? choose another --listen") from None
-    return _Server(sock, app, contexts, deadlines), node, ("http" if contexts is None else "https")
+    return _Server(sock, app, contexts, deadlines, server_limits), node, ("http" if contexts is None else "https")
 
 
 def start_background(db_path, node=None, listen=DEFAULT_LISTEN, tls=None, **limits) -> ServerHandle:

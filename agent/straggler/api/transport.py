@@ -9,10 +9,16 @@ memory BIOs), the HTTP/1.1 request head and body length, and an answer sent unde
     is a BadRequest (status, one line, kind): bad request lines, duplicate Content-Length, chunked
     bodies, defects.
   - send_answer: status line, headers and body in chunks under a deadline that grows with the
-    answer's size (Deadlines.send_timeout_s plus its size at min_send_rate); a reader too slow
-    gets the connection reset short of its Content-Length, never a silently short answer.
-  - first_byte, send_refusal: the peek that tells TLS from plain HTTP, and a one-shot 400 with a
-    lingering close for a client that speaks the other one.
+    bytes sent (Deadlines.send_timeout_s plus them at min_send_rate; the time the answer's own rows
+    take to come is not the reader's); a reader too slow gets the connection reset short of the
+    answer's end, never a silently short answer. An answer with a length (Content-Length) is sent
+    as it is; one that streams (Answer.stream: a query answer made while it is sent) goes out
+    chunked (Transfer-Encoding: chunked; to HTTP/1.0 until the connection closes), each part
+    pulled from its maker (`pull`, in a worker thread) only after the one before was written, so
+    one answer holds one part in memory. An answer cut short lacks the last, empty chunk.
+  - first_byte, send_refusal, refuse_now: the peek that tells TLS from plain HTTP, a one-shot 400
+    with a lingering close for a client that speaks the other one, and a one-shot answer with a
+    lingering close right after the handshake (a revoked certificate, a client over its share).
 
 What a request means (routes, roles, JSON bodies) lives in routes.py, and which connections are
 served in server.py: this module must not know a route, read the database or hold a policy on peers.
@@ -42,7 +48,7 @@ MIN_SEND_RATE = 1 << 20             # bytes/s a reader must take at least
 SEND_CHUNK = 256 << 10
 REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
            408: "Request Timeout", 411: "Length Required", 413: "Content Too Large", 414: "URI Too Long",
-           431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
+           429: "Too Many Requests", 431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
            503: "Service Unavailable", 505: "HTTP Version Not Supported"}
 
 
@@ -65,10 +71,13 @@ class BadRequest(Exception):
 
 
 class Answer:
-    """What a route returns: status, headers and the body as chunks (or a file to stream)."""
+    """What a route returns: status, headers and the body as chunks (or a file to stream, or a
+    `stream` that makes the rest of the body while it is sent: next_chunk() -> (pieces, nbytes) or
+    None at the end, run in a worker thread; sent(nbytes) once they are written; abandon() when the
+    answer will not be finished). `sent(n)` is also called for the first chunks, `cleanup` at the end."""
 
     def __init__(self, code, chunks=(), content_type="application/json", headers=(), path=None, size=None,
-                 cleanup=None):
+                 cleanup=None, stream=None, on_sent=None):
         self.code = code
         self.chunks = list(chunks)
         self.content_type = content_type
@@ -76,6 +85,12 @@ class Answer:
         self.path = path
         self.size = size if size is not None else sum(len(c) for c in self.chunks)
         self.cleanup = cleanup
+        self.stream = stream
+        self.on_sent = on_sent
+
+    def sent(self, nbytes):
+        if self.on_sent is not None:
+            self.on_sent(nbytes)
 
 
 class Request:
@@ -331,10 +346,13 @@ async def send_refusal(conn, answer, node):
 
 # ---------------------------------------------------------------- answers
 
-def answer_head(answer, node, close=False):
-    """The status line and headers of an answer (bytes, ending with the blank line)."""
+def answer_head(answer, node, close=False, chunked=False):
+    """The status line and headers of an answer (bytes, ending with the blank line). A streamed
+    answer has no length: chunked, or (HTTP/1.0) until the connection closes."""
+    length = ["Transfer-Encoding: chunked"] if chunked else [] if answer.stream is not None else [
+        f"Content-Length: {answer.size}"]
     head = [f"HTTP/1.1 {answer.code} {REASONS.get(answer.code, 'Error')}",
-            f"Content-Type: {answer.content_type}", f"Content-Length: {answer.size}",
+            f"Content-Type: {answer.content_type}", *length,
             f"X-Straggler-Node: {node}", f"Server: straggler/{__version__}"]
     head += [f"{name}: {value}" for name, value in answer.headers]
     if close:
@@ -342,15 +360,53 @@ def answer_head(answer, node, close=False):
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
 
 
-async def send_answer(stream, peer, answer, node, deadlines, close=False, head_only=False):
-    """Write an answer in chunks under a deadline that grows with its size. Returns False when
-    the connection cannot go on (the reader was too slow, or went away)."""
+async def send_answer(stream, peer, answer, node, deadlines, close=False, head_only=False, pull=None,
+                      version="HTTP/1.1"):
+    """Write an answer under a deadline that grows with the bytes written. Returns False when the
+    connection cannot go on (the reader was too slow, or went away, or a streamed answer was cut).
+    `pull(fn)`: awaits fn() in a worker thread (a streamed answer's next part)."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + deadlines.send_timeout_s + answer.size / deadlines.min_send_rate
-    head = answer_head(answer, node, close)
+    started = loop.time()
+    written = [0]
+    waited = [0.0]          # time spent making the streamed answer's parts: not the reader's
+    streamed = answer.stream is not None and not head_only
+    chunked = streamed and version == "HTTP/1.1"
+    if streamed and not chunked:
+        close = True        # HTTP/1.0: the body ends where the connection does
+    head = answer_head(answer, node, close, chunked=chunked)
 
     async def send(data):
+        written[0] += len(data)
+        deadline = started + waited[0] + deadlines.send_timeout_s + written[0] / deadlines.min_send_rate
         await asyncio.wait_for(stream.write(data), max(0.01, deadline - loop.time()))
+
+    async def send_pieces(pieces, head=b""):
+        """`head` (the status line and headers) first, then the body's pieces: small ones joined up to
+        SEND_CHUNK per write, big ones written as they are (no copy); when chunked, each write's
+        part of the body is one chunk."""
+        group, size = [], 0
+
+        async def flush():
+            nonlocal head, group, size
+            if head or size:
+                body = b"".join(group)
+                await send(head + (b"%x\r\n" % size + body + b"\r\n" if chunked and size else body))
+            head, group, size = b"", [], 0
+
+        for piece in pieces:
+            if len(piece) < SEND_CHUNK:
+                group.append(piece)
+                size += len(piece)
+                if size >= SEND_CHUNK:
+                    await flush()
+                continue
+            await flush()
+            if chunked:
+                await send(b"%x\r\n" % len(piece))
+            await send(piece)
+            if chunked:
+                await send(b"\r\n")
+        await flush()
 
     try:
         if head_only:
@@ -361,20 +417,31 @@ async def send_answer(stream, peer, answer, node, deadlines, close=False, head_o
                 while chunk:
                     await send(chunk)
                     chunk = fh.read(SEND_CHUNK)
-        else:
+        elif not streamed:
             # status line, headers and the first part of the body in one write: no Nagle or
             # delayed-ACK stall, one TLS record for a small answer
-            pending = [head] + answer.chunks
-            answer.chunks = []
-            while pending:
-                data, size = [], 0
-                while pending and size < SEND_CHUNK:
-                    data.append(pending.pop(0))
-                    size += len(data[-1])
-                await send(b"".join(data))
+            pieces, answer.chunks = answer.chunks, []
+            await _send_plain(pieces, head, send)
+            answer.sent(answer.size)
+        else:
+            pieces, answer.chunks = answer.chunks, []
+            first_size = sum(len(p) for p in pieces)
+            await send_pieces(pieces, head=head)
+            answer.sent(first_size)
+            while True:
+                began = loop.time()
+                part = await pull(answer.stream.next_chunk)
+                waited[0] += loop.time() - began
+                if part is None:
+                    break
+                pieces, nbytes = part
+                await send_pieces(pieces)
+                answer.stream.sent(nbytes)
+            if chunked:
+                await send(b"0\r\n\r\n")
         return True
     except asyncio.TimeoutError:
-        log.info("%s: answer of %d bytes not taken within its deadline; connection reset", peer, answer.size)
+        log.info("%s: answer not taken within its deadline (%d bytes written); connection reset", peer, written[0])
         # reset, not a graceful close: what is still queued in the kernel would otherwise trickle
         # on, and the cut reach the reader only after it
         try:
@@ -384,6 +451,43 @@ async def send_answer(stream, peer, answer, node, deadlines, close=False, head_o
         return False
     except (ConnectionError, OSError, ssl.SSLError):
         return False
+    except StreamCut as exc:
+        log.info("%s: streamed answer cut after %d bytes: %s", peer, written[0], exc)
+        return False
     finally:
         if answer.cleanup is not None:
             answer.cleanup()
+
+
+class StreamCut(Exception):
+    """A streamed answer's maker failed after its head was sent: the answer ends unfinished."""
+
+
+async def _send_plain(pieces, head, send):
+    pending = [head] + list(pieces)
+    while pending:
+        data, size = [], 0
+        while pending and size < SEND_CHUNK:
+            data.append(pending.pop(0))
+            size += len(data[-1])
+        await send(b"".join(data) if len(data) > 1 else data[0])
+
+
+async def refuse_now(stream, answer, node):
+    """Right after the handshake: send `answer` (with Connection: close) without reading the
+    request, then a lingering close (what the client sends meanwhile is read and dropped, so the
+    close does not reset the connection and lose the answer). Bounded: 2 s to send, 1 s to drain."""
+    loop = asyncio.get_running_loop()
+    data = answer_head(answer, node, close=True) + b"".join(answer.chunks)
+    try:
+        await asyncio.wait_for(stream.write(data), 2.0)
+        stream.sock.shutdown(socket.SHUT_WR)
+        drained = 0
+        end = loop.time() + 1.0
+        while drained < (1 << 20) and loop.time() < end:
+            chunk = await asyncio.wait_for(loop.sock_recv(stream.sock, 65536), max(0.01, end - loop.time()))
+            if not chunk:
+                break
+            drained += len(chunk)
+    except (OSError, ssl.SSLError, asyncio.TimeoutError):
+        pass

@@ -234,12 +234,17 @@ def _request(conn, method, path, body=None, plain=False):
 
 
 def _read_answer(conn, response):
-    """The answer's body, read whole: an answer cut short of its Content-Length is "truncated",
-    one that stalls is "timeout" (never a certificate problem: the request was already answered)."""
+    """The answer's body, read whole: an answer cut short of its Content-Length, or a streamed
+    (chunked) one that ends before its last chunk, is "truncated", one that stalls is "timeout"
+    (never a certificate problem: the request was already answered)."""
     expected = (response.getheader("Content-Length") or "").strip()
     try:
         data = response.read(_MAX_RESPONSE_BYTES + 1)
     except http.client.IncompleteRead as exc:
+        if not expected.isdigit():
+            raise _NodeFailure("truncated", f"{conn.address} ended its streamed answer after {len(exc.partial)} "
+                                            f"bytes, before its end (an agent cuts an answer its reader does not "
+                                            f"take in time): retry, or ask for less (--limit, fewer columns)") from None
         data = exc.partial
     except (socket.timeout, TimeoutError):
         raise _NodeFailure("timeout", f"{conn.address} started its answer ({expected or '?'} bytes) but did not "
@@ -300,8 +305,11 @@ def _query_node(address, sql, tls, context, limit, timeout_s):
 
 
 def _truncation_note(answer):
-    if answer.get("truncated_reason") == "bytes":
+    reason = answer.get("truncated_reason")
+    if reason == "bytes":
         return " (truncated at the agent's answer size cap: ask for fewer rows or columns)"
+    if reason in ("timeout", "memory", "busy", "sql-error"):   # a streamed answer the agent had to end early
+        return f" (cut by the agent: {one_line(answer.get('error') or reason)})"
     return " (truncated at the limit)"
 
 

@@ -10,14 +10,16 @@ got and asks again from the `ts` after the newest summary it holds.
 
 The tables and columns here are the ones explain reads (analysis/explain/sql.py), so the
 controller can put the answers of every node into one in-memory store and run the same explain
-on it. Reads only.
+on it. Reads only, under a deadline (store.query.reading: SQLite is interrupted at it).
 """
-from .query import open_readonly
+from .query import reading
 
 # per answer: a node traces a few threads per rank; one interval per second, so this is minutes
 MAX_THREAD_ROWS = 20_000
 MAX_BLOCK_ROWS = 20_000
 DEFAULT_LOOKBACK_NS = 120_000_000_000   # without ?since: the last two minutes
+DEFAULT_TIMEOUT_S = 5.0
+INT64 = (-(1 << 63), (1 << 63) - 1)       # what SQLite's integers hold
 
 THREAD_TIME_COLUMNS = ("node", "ts", "interval_ns", "pid", "tid", "rank", "comm", "calls", "work_ns", "sync_ns",
                        "coll_ns", "runq_ns", "runq_work_ns", "runq_sync_ns", "runq_coll_ns", "blocked_ns", "io_ns",
@@ -39,18 +41,33 @@ def latest_ts(conn):
     return row[0] if row and row[0] is not None else None
 
 
-def live_summary(db_path, since_ns=None):
+def check_since(text):
+    """?since= as an int (None when empty); ValueError with a one-line reason otherwise."""
+    if text in (None, ""):
+        return None
+    try:
+        since = int(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"since={str(text)[:40]!r}: give the node's CLOCK_MONOTONIC time in ns (an integer)") from None
+    if not INT64[0] <= since <= INT64[1]:
+        raise ValueError(f"since={str(text)[:40]} is out of range: give the node's CLOCK_MONOTONIC time in ns "
+                         f"(an integer between {INT64[0]} and {INT64[1]})")
+    return since
+
+
+def live_summary(db_path, since_ns=None, timeout_s=DEFAULT_TIMEOUT_S):
     """{"columns": {table: [...]}, "thread_time": rows, "block": rows, "processes": rows, "lost": rows,
     "latest_ns": end of the newest interval or None, "truncated": bool}.
 
     since_ns: node CLOCK_MONOTONIC ns; intervals that START at or after it (a watch passes the
-    `ts` after the last one it holds). None: the last DEFAULT_LOOKBACK_NS."""
-    conn = open_readonly(db_path)
-    try:
+    `ts` after the last one it holds). None: the last DEFAULT_LOOKBACK_NS. ValueError for a since_ns
+    out of SQLite's range; QueryTimeout past timeout_s."""
+    if since_ns is not None:
+        since_ns = check_since(since_ns)
+    with reading(db_path, timeout_s, "the live summary") as conn:
         newest = latest_ts(conn)
         if since_ns is None:
             since_ns = (newest - DEFAULT_LOOKBACK_NS) if newest is not None else 0
-        since_ns = int(since_ns)
         threads = _rows(conn, f"SELECT {', '.join(THREAD_TIME_COLUMNS)} FROM thread_time WHERE ts >= ? "
                               f"ORDER BY ts, pid, tid LIMIT ?", (since_ns, MAX_THREAD_ROWS + 1))
         truncated = len(threads) > MAX_THREAD_ROWS
@@ -66,8 +83,6 @@ def live_summary(db_path, since_ns=None):
                                 f"AND (exited IS NULL OR exited >= ?) ORDER BY pid LIMIT 1000", (since_ns,))
         lost = _rows(conn, f"SELECT {', '.join(LOST_COLUMNS)} FROM lost_events WHERE ts + interval_ns >= ? "
                            f"ORDER BY ts LIMIT 1000", (since_ns,))
-    finally:
-        conn.close()
     return {"columns": {"thread_time": list(THREAD_TIME_COLUMNS), "block": list(BLOCK_COLUMNS),
                         "processes": list(PROCESS_COLUMNS), "lost": list(LOST_COLUMNS)},
             "thread_time": threads, "block": block, "processes": processes, "lost": lost,

@@ -3,14 +3,26 @@ API, the fleet, Ansible) goes through.
 
 Read-only is enforced by SQLite, never by matching the SQL text:
   - the file is opened read-only (`file:…?mode=ro`), and `PRAGMA query_only=1` is set;
+  - SQLite's defensive mode (sqlite_lib: Connection.setconfig on 3.12+, else sqlite3_db_config
+    through ctypes; where neither works, one warning says so);
   - an authorizer allows only SELECT, reads, functions, recursive CTEs and read-only PRAGMAs
     (ATTACH/DETACH, every write, transactions and PRAGMAs that set a value are denied);
-  - exactly one statement; a time limit (progress handler) and a row cap.
+  - exactly one statement.
+Bounded, whatever the SQL:
+  - time: a deadline enforced by sqlite3_interrupt from the watchdog thread (watchdog.py), which
+    stops a query even inside one long opcode (count(*) over a big table, integrity_check);
+  - memory: temporary b-trees and sorts stay in memory (temp_store=MEMORY: no spill file) under the
+    watchdog's cap on what the queries allocate together; a row cap; one value at most the
+    length limit (SQLITE_LIMIT_LENGTH); rows are fetched, encoded and counted against the byte cap
+    one at a time (ReadQuery, JsonAnswer), so an answer never exists twice or whole in memory.
 
 This module must not write to a database, must not import the API, the fleet client or the
 analysis, and prints nothing (straggler.cli.query renders a QueryResult).
 """
+import binascii
+import contextlib
 import json
+import logging
 import os
 import socket
 import sqlite3
@@ -21,12 +33,16 @@ from typing import Any, List
 from .. import defaults
 from ..errors import StragglerError
 from ..text import one_line
+from . import sqlite_lib
+from .watchdog import WATCHDOG
+
+log = logging.getLogger("straggler.store")
 
 DEFAULT_DB = defaults.DB_PATH
 DEFAULT_LIMIT = 10000
 DEFAULT_TIMEOUT_S = 10.0
-_PROGRESS_EVERY_OPS = 2000
-_FETCH_BATCH = 1000
+MIN_VALUE_LIMIT = 1 << 20             # SQLITE_LIMIT_LENGTH never below this, whatever the byte cap
+BIG_PIECE = 64 << 10                  # a value encoded alone (no copy into its row's bytes) from this size
 
 # PRAGMAs that only read. Those in the second set take a name/number argument, not a value.
 READ_PRAGMAS = frozenset({
@@ -68,6 +84,16 @@ class QueryRejected(QueryError):
 class QueryTimeout(QueryError):
     """The query ran past its time limit and was stopped."""
     kind = "timeout"
+
+
+class QueryOverMemory(QueryError):
+    """The queries' memory (sorts, temporary b-trees, values) passed the node's cap; this one was stopped."""
+    kind = "memory"
+
+
+class AnswerMemoryFull(QueryError):
+    """The node's memory for answers in flight stayed full: the answer was not made (or was cut)."""
+    kind = "busy"
 
 
 class DatabaseUnavailable(StragglerError):
@@ -112,6 +138,21 @@ def _wal_has_data(db_path):
         return False
 
 
+_warned = []
+
+
+def _warn_not_defensive():
+    if not _warned:
+        _warned.append(True)
+        log.warning("SQLite's defensive mode is not available here (%s): reads are still read-only "
+                    "(mode=ro, query_only, the authorizer); see docs/security.md", sqlite_lib.defensive_mode()[1])
+
+
+def defensive_mode():
+    """(True, how) when open_readonly's connections are in SQLite's defensive mode, else (False, why)."""
+    return sqlite_lib.defensive_mode()
+
+
 def open_readonly(db_path, check_same_thread=True):
     """A read-only connection to db_path (WAL-aware), with query_only set. No authorizer.
 
@@ -135,13 +176,17 @@ def open_readonly(db_path, check_same_thread=True):
                 f"{os.path.basename(db_path)}-shm in {os.path.dirname(os.path.abspath(db_path))}; run as the "
                 f"agent's user (root), or read a copy made with `straggler snapshot`")
         try:
-            conn = sqlite3.connect(_uri(db_path, immutable), uri=True, isolation_level=None,
-                                   check_same_thread=check_same_thread, timeout=5.0)
+            with sqlite_lib.defensive_open() as seen:
+                conn = sqlite3.connect(_uri(db_path, immutable), uri=True, isolation_level=None,
+                                       check_same_thread=check_same_thread, timeout=5.0)
         except sqlite3.Error as exc:
             last_error = exc
             continue
         try:
+            if not sqlite_lib.confirm(conn, seen):
+                _warn_not_defensive()
             conn.execute("PRAGMA query_only = 1")
+            conn.execute("PRAGMA temp_store = MEMORY")   # no spill file; the watchdog caps the memory
             conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
             return conn
         except sqlite3.DatabaseError as exc:
@@ -217,8 +262,149 @@ class _Guard:
         return sqlite3.SQLITE_DENY
 
 
+def value_limit(max_bytes):
+    """SQLITE_LIMIT_LENGTH for an answer of at most max_bytes: one value can never be bigger than
+    the whole answer (a BLOB travels as hex: twice its size)."""
+    return max(MIN_VALUE_LIMIT, int(max_bytes) // 2)
+
+
+class ReadQuery:
+    """One read-only statement under the guard, its rows fetched one at a time.
+
+    start() opens the database, checks and starts the statement and returns its columns;
+    next_row() gives a row, or None at the end or at `limit` rows (truncated_reason "limit" when
+    more existed). The deadline is the watchdog's (pause() while the rows wait for a reader, then
+    resume()). Raises QueryRejected, QueryTimeout, QueryOverMemory, QueryError and
+    DatabaseUnavailable. `any_thread`: the rows may be fetched from other threads than start()'s,
+    one at a time. Always close()."""
+
+    def __init__(self, db_path, sql, limit=DEFAULT_LIMIT, timeout_s=DEFAULT_TIMEOUT_S, params=None,
+                 max_value_bytes=None, any_thread=False):
+        if not isinstance(sql, str) or not sql.strip():
+            raise QueryRejected("empty SQL; send one SELECT statement")
+        if "\x00" in sql:
+            raise QueryRejected("SQL contains a NUL character")
+        self.limit = int(limit if limit is not None else DEFAULT_LIMIT)
+        if self.limit < 0:
+            raise QueryRejected(f"limit must be >= 0, got {self.limit}")
+        self.timeout_s = float(timeout_s if timeout_s is not None else DEFAULT_TIMEOUT_S)
+        self.db_path, self.sql, self.params = db_path, sql, params
+        self.max_value_bytes = max_value_bytes
+        self.any_thread = any_thread
+        self.columns = []
+        self.taken = 0
+        self.truncated_reason = None
+        self.started = time.monotonic()
+        self.conn = self.cursor = self.watch = None
+        self._guard = _Guard()
+
+    def start(self):
+        self.conn = open_readonly(self.db_path, check_same_thread=not self.any_thread)
+        self.conn.set_authorizer(self._guard)
+        if self.max_value_bytes is not None and hasattr(self.conn, "setlimit"):
+            self.conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, int(self.max_value_bytes))
+        self.watch = WATCHDOG.watch(self.conn, self.timeout_s, label="query")
+        with self._errors():
+            self.cursor = self.conn.execute(self.sql, self.params or ())
+            if self.cursor.description is None:
+                if self._guard.denied:
+                    raise QueryRejected(self._guard.denied)
+                raise QueryRejected("not a query: send one SELECT (or WITH … SELECT, or a read-only PRAGMA)")
+            if not self._guard.saw_query:
+                raise QueryRejected("not a query: send one SELECT (or WITH … SELECT, or a read-only PRAGMA)")
+        self.columns = [d[0] for d in self.cursor.description]
+        return self.columns
+
+    def next_row(self):
+        if self.cursor is None or self.truncated_reason is not None:
+            return None
+        with self._errors():
+            if self.taken >= self.limit:
+                if self.cursor.fetchone() is not None:
+                    self.truncated_reason = "limit"
+                self.cursor = None
+                return None
+            row = self.cursor.fetchone()
+        if row is None:
+            self.cursor = None
+            return None
+        self.taken += 1
+        return row
+
+    def pause(self):
+        if self.watch is not None:
+            WATCHDOG.pause(self.watch)
+
+    def resume(self):
+        if self.watch is not None:
+            WATCHDOG.resume(self.watch)
+
+    def abandon(self):
+        """Stop the statement from another thread (its answer will not be read)."""
+        if self.watch is not None:
+            WATCHDOG.interrupt(self.watch, "abandoned")
+
+    @property
+    def elapsed_ms(self):
+        return (time.monotonic() - self.started) * 1000.0
+
+    def result(self, rows=()):
+        return QueryResult(columns=list(self.columns), rows=list(rows) if not isinstance(rows, list) else rows,
+                           truncated=self.truncated_reason is not None, truncated_reason=self.truncated_reason,
+                           elapsed_ms=self.elapsed_ms)
+
+    def close(self):
+        if self.watch is not None:
+            WATCHDOG.unwatch(self.watch)
+            self.watch = None
+        self.cursor = None
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    @contextlib.contextmanager
+    def _errors(self):
+        """SQLite's exceptions as this module's one-line errors."""
+        try:
+            yield
+        except sqlite3.ProgrammingError as exc:
+            if "one statement" in str(exc):
+                raise QueryRejected("more than one statement; send exactly one (remove everything after the "
+                                    "first ';')") from None
+            raise QueryError(one_line(exc)) from None
+        except sqlite3.Warning as exc:  # Python < 3.11 reports several statements as a Warning
+            raise QueryRejected(f"more than one statement ({one_line(exc)}); send exactly one") from None
+        except sqlite3.DatabaseError as exc:
+            stopped = self.watch.stopped if self.watch is not None else None
+            if stopped == "memory":
+                raise QueryOverMemory(f"query stopped: the node's memory for queries ({fmt_cap(WATCHDOG.memory_cap)} "
+                                      f"of sorts, temporary tables and values, all queries together) was full and "
+                                      f"this query had done the most work; narrow it (WHERE ts > …, fewer "
+                                      f"columns, LIMIT) or retry") from None
+            if stopped is not None or "interrupted" in str(exc):
+                raise QueryTimeout(f"query stopped after its time limit of {self.timeout_s:g} s; "
+                                   f"narrow it (WHERE ts > …, LIMIT) or raise --timeout") from None
+            if self._guard.denied:
+                raise QueryRejected(self._guard.denied) from None
+            text = one_line(exc)
+            if "readonly" in text or "read-only" in text or "may not be modified" in text:
+                raise QueryRejected(f"the query tried to write ({text}); queries are read-only") from None
+            if "not a database" in text:
+                raise DatabaseUnavailable(f"{self.db_path} is not a SQLite database ({text})") from None
+            if "too big" in text and self.max_value_bytes is not None:
+                raise QueryError(f"{text}: a value is over this node's answer limit of {2 * self.max_value_bytes} "
+                                 f"bytes; select a part of it (substr, length) instead") from None
+            if "out of memory" in text:
+                raise QueryOverMemory(f"query stopped: {text}; narrow it (WHERE ts > …, fewer columns)") from None
+            raise QueryError(text) from None
+
+
+def fmt_cap(nbytes):
+    return f"{nbytes / (1 << 20):g} MiB"
+
+
 class _RowCollector:
-    """Keeps the rows (run_query); stops at max_bytes of estimated JSON."""
+    """Keeps the rows (run_query without `into`); stops at max_bytes of estimated JSON."""
 
     def __init__(self, max_bytes=None):
         self.columns = []
@@ -229,81 +415,149 @@ class _RowCollector:
     def start(self, columns):
         self.columns = columns
 
-    def take(self, batch):
-        """Add a batch; False when the byte cap stopped it (the rows that fit are kept)."""
-        if self.max_bytes is None:
-            self.rows.extend(list(r) for r in batch)
-            return True
-        for row in batch:
-            size = _estimated_json_bytes(row)
+    def add(self, row):
+        """Keep a row; False when the byte cap stops it."""
+        if self.max_bytes is not None:
+            size = lower_bound_json_bytes(row)
             if self.bytes + size > self.max_bytes:
                 return False
             self.bytes += size
-            self.rows.append(list(row))
+        self.rows.append(list(row))
         return True
 
 
-def _estimated_json_bytes(row):
-    size = 2
+def lower_bound_json_bytes(row):
+    """The fewest bytes `row` can take as JSON (a BLOB as hex): checked before a row is encoded."""
+    size = 1 + len(row)   # brackets and commas
     for value in row:
-        if isinstance(value, str):
-            size += len(value) + 3
-        elif isinstance(value, (bytes, bytearray, memoryview)):
-            size += 2 * len(value) + 3
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            size += 2 * len(value) + 2
+        elif isinstance(value, str):
+            size += len(value) + 2
+        elif value is None:
+            size += 4
         else:
-            size += 21
+            size += 1
     return size
 
 
+def encode_row(row):
+    """A row as JSON bytes, in pieces: a big BLOB's hex is a piece of its own (never copied again)."""
+    pieces, small = [], [b"["]
+    for index, value in enumerate(row):
+        if index:
+            small.append(b",")
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            if 2 * len(value) >= BIG_PIECE:
+                small.append(b'"')
+                pieces.append(b"".join(small))
+                pieces.append(binascii.hexlify(value))
+                small = [b'"']
+            else:
+                small.append(b'"' + binascii.hexlify(value) + b'"')
+        elif value is None:
+            small.append(b"null")
+        else:
+            small.append(json.dumps(value, default=str).encode())
+    small.append(b"]")
+    pieces.append(b"".join(small))
+    return pieces
+
+
 class JsonAnswer:
-    """A query answer encoded as JSON bytes while the rows are fetched (the API's body): at most
-    max_bytes of rows, so a node never holds a big answer twice (rows and text) or without bound.
+    """A query answer encoded as JSON bytes while the rows are fetched (the API's body), one row at a
+    time: at most max_bytes of rows, and each row counted against the cap before it is encoded
+    (from the fewest bytes it can take), so a node never holds a big answer whole or twice.
 
-    .chunks: the body in pieces; .size: their total length. Filled by run_query(..., into=self)."""
+    `memory` (optional: reserve(n, wait_s) -> bool, force(n), release(n)): the server's memory for
+    answers in flight; every byte made is reserved there until the sender has written it and
+    released it. add() raises AnswerMemoryFull when no room came within wait_s.
+    The bytes made and not yet handed over: `pieces` (.chunks) and `pending`; take() hands them over
+    with their reservation."""
 
-    def __init__(self, node, max_bytes):
+    def __init__(self, node, max_bytes, memory=None, wait_s=0.0):
         self.node = node
         self.max_bytes = int(max_bytes)
-        self.chunks = []
-        self.size = 0
+        self.memory = memory
+        self.wait_s = float(wait_s)
+        self.pieces = []
+        self.pending = 0        # bytes in pieces
+        self.held = 0           # bytes reserved in memory (pieces, and those handed over and not released)
+        self.size = 0           # every byte made
         self.row_count = 0
         self._rows_bytes = 0
+
+    @property
+    def chunks(self):
+        return self.pieces
+
+    def _append(self, data, reserved=False):
+        if not reserved and self.memory is not None:
+            self.memory.force(len(data))
+            self.held += len(data)
+        self.pieces.append(data)
+        self.pending += len(data)
+        self.size += len(data)
 
     def start(self, columns):
         head = json.dumps({"node": self.node, "columns": list(columns)}, separators=(",", ":"))
         self._append(head[:-1].encode() + b',"rows":[')
 
-    def _append(self, data):
-        self.chunks.append(data)
-        self.size += len(data)
+    def add(self, row):
+        """Encode a row; False when the byte cap stops it (nothing of it is kept)."""
+        comma = 1 if self.row_count else 0
+        lower = lower_bound_json_bytes(row) + comma
+        if self._rows_bytes + lower > self.max_bytes:
+            return False
+        if self.memory is not None:
+            if not self.memory.reserve(lower, self.wait_s):
+                raise AnswerMemoryFull(f"the node's memory for answers in flight ({fmt_cap(self.memory.capacity)}) "
+                                       f"stayed full for {self.wait_s:g} s; retry in a moment")
+            self.held += lower
+        pieces = encode_row(row)
+        size = sum(len(p) for p in pieces) + comma
+        if self._rows_bytes + size > self.max_bytes:
+            self._release(lower)
+            return False
+        if self.memory is not None and size > lower:
+            self.memory.force(size - lower)
+            self.held += size - lower
+        elif self.memory is not None and size < lower:   # cannot happen (a lower bound); kept exact anyway
+            self._release(lower - size)
+        if comma:
+            pieces[0] = b"," + pieces[0]
+        for piece in pieces:
+            self._append(piece, reserved=True)
+        self._rows_bytes += size
+        self.row_count += 1
+        return True
 
-    def take(self, batch):
-        rows = jsonable_rows(batch)
-        text = json.dumps(rows, separators=(",", ":"), default=str)[1:-1].encode()
-        if self._rows_bytes + len(text) + 1 <= self.max_bytes:
-            self._add_rows(text, len(rows))
-            return True
-        for row in rows:   # the batch that crosses the cap: row by row, as many as fit
-            one = json.dumps(row, separators=(",", ":"), default=str).encode()
-            if self._rows_bytes + len(one) + 1 > self.max_bytes:
-                return False
-            self._add_rows(one, 1)
-        return False
-
-    def _add_rows(self, text, count):
-        if not text:
-            return
-        if self.row_count:
-            text = b"," + text
-        self._append(text)
-        self._rows_bytes += len(text)
-        self.row_count += count
-
-    def finish(self, result):
+    def finish(self, result, error=None):
+        """The closing part: truncated, truncated_reason, elapsed_ms (and `error` when the rows were cut by one)."""
         tail = {"truncated": result.truncated, "elapsed_ms": round(result.elapsed_ms, 3)}
         if result.truncated_reason:
             tail["truncated_reason"] = result.truncated_reason
+        if error:
+            tail["error"] = one_line(error)
         self._append(b"]," + json.dumps(tail, separators=(",", ":"))[1:].encode() + b"\n")
+
+    def take(self):
+        """(pieces, bytes) made since the last take; their reservation goes with them: release it
+        with release(n) once they are written."""
+        pieces, pending = self.pieces, self.pending
+        self.pieces, self.pending = [], 0
+        return pieces, pending
+
+    def release(self, nbytes):
+        self._release(min(nbytes, self.held))
+
+    def release_all(self):
+        self._release(self.held)
+
+    def _release(self, nbytes):
+        if self.memory is not None and nbytes > 0:
+            self.memory.release(nbytes)
+            self.held -= nbytes
 
 
 def run_query(db_path, sql, limit=DEFAULT_LIMIT, timeout_s=DEFAULT_TIMEOUT_S, params=None, max_bytes=None,
@@ -314,93 +568,51 @@ def run_query(db_path, sql, limit=DEFAULT_LIMIT, timeout_s=DEFAULT_TIMEOUT_S, pa
     With max_bytes, SQLite's own length limit stops any single value over it (a QueryError).
     With `into` (a JsonAnswer), the rows are encoded into it as they are fetched and the result
     holds no rows. Raises QueryRejected (not a single read-only statement), QueryTimeout (ran
-    past timeout_s), QueryError (SQLite refused it: syntax, unknown table, too big, …) and
-    DatabaseUnavailable.
+    past timeout_s), QueryOverMemory, QueryError (SQLite refused it: syntax, unknown table, too
+    big, …) and DatabaseUnavailable.
     """
-    if not isinstance(sql, str) or not sql.strip():
-        raise QueryRejected("empty SQL; send one SELECT statement")
-    if "\x00" in sql:
-        raise QueryRejected("SQL contains a NUL character")
-    limit = int(limit if limit is not None else DEFAULT_LIMIT)
-    if limit < 0:
-        raise QueryRejected(f"limit must be >= 0, got {limit}")
-    timeout_s = float(timeout_s if timeout_s is not None else DEFAULT_TIMEOUT_S)
     if max_bytes is not None:
         max_bytes = int(max_bytes)
         if into is not None:
             max_bytes = min(max_bytes, into.max_bytes)
     elif into is not None:
         max_bytes = into.max_bytes
+    query = ReadQuery(db_path, sql, limit=limit, timeout_s=timeout_s, params=params,
+                      max_value_bytes=value_limit(max_bytes) if max_bytes is not None else None)
     sink = into if into is not None else _RowCollector(max_bytes)
-    started = time.monotonic()
-    conn = open_readonly(db_path)
-    guard = _Guard()
-    deadline = started + max(0.0, timeout_s)
-    stopped_by_timer = []
-
-    def progress():
-        if time.monotonic() > deadline:
-            stopped_by_timer.append(True)
-            return 1
-        return 0
-
-    truncated_reason = None
     try:
-        conn.set_authorizer(guard)
-        conn.set_progress_handler(progress, _PROGRESS_EVERY_OPS)
-        if max_bytes is not None and hasattr(conn, "setlimit"):
-            # one value can never be bigger than the whole answer (a BLOB travels as hex: twice)
-            conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max(1 << 20, max_bytes // 2))
-        try:
-            cursor = conn.execute(sql, params or ())
-            if cursor.description is None:
-                if guard.denied:
-                    raise QueryRejected(guard.denied)
-                raise QueryRejected("not a query: send one SELECT (or WITH … SELECT, or a read-only PRAGMA)")
-            if not guard.saw_query:
-                raise QueryRejected("not a query: send one SELECT (or WITH … SELECT, or a read-only PRAGMA)")
-            sink.start([d[0] for d in cursor.description])
-            taken = 0
-            while taken < limit:
-                batch = cursor.fetchmany(min(_FETCH_BATCH, limit - taken))
-                if not batch:
-                    break
-                if not sink.take(batch):
-                    truncated_reason = "bytes"
-                    break
-                taken += len(batch)
-            if truncated_reason is None and taken >= limit and cursor.fetchmany(1):
-                truncated_reason = "limit"
-        except sqlite3.ProgrammingError as exc:
-            if "one statement" in str(exc):
-                raise QueryRejected("more than one statement; send exactly one (remove everything after the first ';')") from None
-            raise QueryError(one_line(exc)) from None
-        except sqlite3.Warning as exc:  # Python < 3.11 reports several statements as a Warning
-            raise QueryRejected(f"more than one statement ({one_line(exc)}); send exactly one") from None
-        except sqlite3.DatabaseError as exc:
-            if stopped_by_timer or "interrupted" in str(exc):
-                raise QueryTimeout(f"query stopped after its time limit of {timeout_s:g} s; "
-                                   f"narrow it (WHERE ts > …, LIMIT) or raise --timeout") from None
-            if guard.denied:
-                raise QueryRejected(guard.denied) from None
-            text = one_line(exc)
-            if "readonly" in text or "read-only" in text or "may not be modified" in text:
-                raise QueryRejected(f"the query tried to write ({text}); queries are read-only") from None
-            if "not a database" in text:
-                raise DatabaseUnavailable(f"{db_path} is not a SQLite database ({text})") from None
-            if "too big" in text and max_bytes is not None:
-                raise QueryError(f"{text}: a value is over this node's answer limit of {max_bytes} bytes; "
-                                 f"select a part of it (substr, length) instead") from None
-            raise QueryError(text) from None
-        result = QueryResult(columns=list(getattr(sink, "columns", []) or []),
-                             rows=getattr(sink, "rows", []) if into is None else [],
-                             truncated=truncated_reason is not None, truncated_reason=truncated_reason,
-                             elapsed_ms=(time.monotonic() - started) * 1000.0)
+        sink.start(query.start())
+        while True:
+            row = query.next_row()
+            if row is None:
+                break
+            if not sink.add(row):
+                query.truncated_reason = "bytes"
+                break
+        result = query.result(rows=sink.rows if into is None else [])
         if into is not None:
             into.finish(result)
         return result
     finally:
-        conn.set_progress_handler(None, 0)
+        query.close()
+
+
+@contextlib.contextmanager
+def reading(db_path, timeout_s, what="the read"):
+    """A read-only connection (open_readonly) under a deadline from the watchdog: SQLite stops at it
+    (QueryTimeout, one line), inside any opcode. For the API's health, live and metrics answers."""
+    conn = open_readonly(db_path)
+    watch = WATCHDOG.watch(conn, timeout_s, label=what) if timeout_s else None
+    try:
+        yield conn
+    except sqlite3.DatabaseError as exc:
+        if watch is not None and (watch.stopped or "interrupted" in str(exc)):
+            raise QueryTimeout(f"{what} did not finish within its time limit of {timeout_s:g} s "
+                               f"(the store is busy or very large); retry") from None
+        raise
+    finally:
+        if watch is not None:
+            WATCHDOG.unwatch(watch)
         conn.close()
 
 

@@ -3,7 +3,7 @@ and GET /api/v1/health show.
 
 Everything comes from the store's tables (meta, processes, probes, agent_cost, lost_events)
 through a read-only connection, so it works on a live node, on a snapshot, and with the agent
-stopped. Rates are over the last few agent_cost intervals.
+stopped, under a deadline (store.query.reading). Rates are over the last few agent_cost intervals.
 
 This module must not write to the database, must not talk to the network, and prints nothing.
 """
@@ -13,11 +13,12 @@ import time
 
 from .. import __version__
 from ..errors import StragglerError
-from .query import open_readonly
+from .query import reading
 from .schema import SCHEMA_VERSION
 
 RECENT_INTERVALS = 6          # rates over the last N agent_cost intervals
 RECENT_LOST_WINDOW_NS = 60 * 10**9
+DEFAULT_TIMEOUT_S = 10.0      # the whole status read; SQLite is interrupted at it
 
 
 def _table_exists(conn, name):
@@ -35,13 +36,15 @@ def _db_size(db_path):
     return sizes
 
 
-def collect_status(db_path) -> dict:
-    """A dict describing the node's agent, from its database. Raises StragglerError if unreadable."""
-    conn = open_readonly(db_path)
-    try:
+def collect_status(db_path, timeout_s=DEFAULT_TIMEOUT_S) -> dict:
+    """A dict describing the node's agent, from its database. Raises StragglerError if unreadable
+    (QueryTimeout past timeout_s)."""
+    with reading(db_path, timeout_s, "the status") as conn:
         try:
             meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-        except sqlite3.DatabaseError:
+        except sqlite3.DatabaseError as exc:
+            if "interrupted" in str(exc):
+                raise
             raise StragglerError(f"{db_path} is not a straggler database (no table meta); point --db at the agent's store") from None
         status = {
             "node": meta.get("node") or meta.get("hostname"),
@@ -103,8 +106,6 @@ def collect_status(db_path) -> dict:
                 # the same boot's clock: how old the newest step-time summary is (a live watch reads it)
                 status["summary_age_s"] = round(max(0, time.monotonic_ns() - newest) / 1e9, 1)
         status["devices"] = _devices(conn, meta)
-    finally:
-        conn.close()
     return status
 
 
