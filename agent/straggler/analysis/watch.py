@@ -4,19 +4,19 @@ Every --interval seconds the watch polls each agent's GET /api/v1/live (the step
 rows since the last poll; mutual TLS, one keep-alive connection per node, one thread per node so
 a dead node never holds the others), keeps each node's last --baseline + --window seconds, puts
 every node's rows into one in-memory store with the agents' own schema and runs explain on it
-(the same code, rules and options as `straggler explain`: no second copy). The recent part is
-each rank's last --window seconds, the baseline what came before it.
+(the same code, rules and options as `straggler explain`: no second copy): the same segmentation
+into straggle episodes. A straggler is named while an episode on it is still going at the newest
+data; its cause is that episode's.
 
 It prints a line only when the verdict changes (Tracker):
-  onset         a straggler is named in CONFIRM_TICKS polls in a row AND the job's step time moved
-                (its step rate fell below STEP_MOVED_RATIO of the rate before the window and stayed
-                there): node, rank, cause, the share of its excess the cause explains, and how long
-                ago the step time moved. A rank that was the slowest all along, with no change in
-                the step time, is no onset (straggler explain names it)
+  onset         an episode still going, on the same node in CONFIRM_TICKS polls in a row, that began
+                after clean time (the job's step time moved): node, rank, cause, the share of its excess
+                the cause explains, when it began, whether it comes and goes. A rank that was the slowest
+                all along, with no change, is no onset (straggler explain names it)
   cause-change  the same straggler, another cause (CONFIRM_TICKS in a row)
-  recovered     no straggler named for CLEAR_TICKS polls in a row (or the job's ranks are gone), or
-                the job's step rate is back above RECOVERED_RATIO of its rate before the onset for as
-                long (a rank that stays a little slower than the others, but no longer slows the job)
+  recovered     its episode ended (the segmentation closed it: a fault that comes and goes stays one
+                episode through its off-phases) and no other is going, for CLEAR_TICKS polls in a row, or
+                the job's ranks are gone
   lost / back   a node stops answering / answers again (the watch goes on with the others)
 The faces (straggler.cli.watch: text lines for people, JSON lines for machines, --exec hooks; the
 Ansible action) render the events; --until-straggler ends the watch with exit status 1 at the first
@@ -27,7 +27,6 @@ each node's clock offset comes from its /live answers (NTP-style, straggler.cloc
 """
 import datetime
 import sqlite3
-import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,14 +35,12 @@ from ..errors import UsageError
 from ..fleet.client import ANSWERED
 
 DEFAULT_INTERVAL_S = 1.0
-DEFAULT_WINDOW_S = 8.0       # the recent part explain compares (each rank's last S seconds)
-DEFAULT_BASELINE_S = 50.0    # ... and the history before it kept as each rank's baseline
+DEFAULT_WINDOW_S = 8.0       # a rank is judged once it has run this long (plus SETTLE_S) ...
+DEFAULT_BASELINE_S = 50.0    # ... and the watch keeps this much history before it (the episodes' clean time)
 CONFIRM_TICKS = 2            # an onset or a cause change must hold this many polls in a row
 CLEAR_TICKS = 3              # recovered after this many polls in a row without a straggler
 STALE_S = 4.0                # a rank whose newest summary is this much older than its node's newest is gone
 SETTLE_S = 10.0              # a rank is judged once it has run the window + this long (a job's start is no onset)
-STEP_MOVED_RATIO = 0.85      # the step rate fell below this share of its baseline: "the step time moved"
-RECOVERED_RATIO = 0.9        # ... and is back above this share of its rate before the onset: recovered
 EXIT_STRAGGLER = 1
 EXIT_NO_AGENT = 3
 
@@ -173,37 +170,6 @@ def build_store(feeds, min_span_ns=0):
     return conn
 
 
-def step_rates(conn, node, pid, node_now_ns, window_ns):
-    """The rank's step rate (calls per second of its calling thread: in a lockstep job, the job's
-    step rate up to a constant) -> (rate before the recent window, rate now, seconds since it fell
-    below STEP_MOVED_RATIO of the rate before and stayed there, or None). Rates are medians of
-    whole intervals (the newest, possibly partial, is left out); None where there are too few."""
-    rows = conn.execute("SELECT ts, interval_ns, calls, tid FROM thread_time WHERE node = ? AND pid = ? ORDER BY ts",
-                        (node, pid)).fetchall()
-    if not rows:
-        return None, None, None
-    per_tid = {}
-    for ts, iv, calls, tid in rows:
-        per_tid[tid] = per_tid.get(tid, 0) + calls
-    main = max(per_tid, key=per_tid.get)
-    series = [(ts, c * 1e9 / iv) for ts, iv, c, tid in rows if tid == main][:-1]
-    if not series:
-        return None, None, None
-    newest = series[-1][0]
-    base = [r for ts, r in series if ts < newest - window_ns]
-    base_rate = statistics.median(base) if len(base) >= 3 else None
-    now_rate = statistics.median([r for _, r in series[-3:]])
-    if base_rate is None:
-        return None, now_rate, None
-    moved = None
-    for ts, r in reversed(series):
-        if r < STEP_MOVED_RATIO * base_rate:
-            moved = ts
-        else:
-            break
-    return base_rate, now_rate, None if moved is None else max(0.0, (node_now_ns - moved) / 1e9)
-
-
 # ---------------------------------------------------------------- the verdict over time
 
 @dataclass
@@ -217,15 +183,16 @@ class LiveVerdict:
     summary: str = ""
     wait_pct: float = None
     others_wait_pct: float = None
-    step_moved_s: float = None
-    step_rate: float = None          # the straggler's step rate now (calls/s of its calling thread)
-    base_step_rate: float = None     # ... before the recent window
+    step_moved_s: float = None       # seconds since its episode began (None: no clean time before it)
+    intermittent: dict = None        # its episode comes and goes: period_s, duty, cycles
+    episode_start: str = None        # ISO 8601, UTC, on the fleet timeline
     ranks: int = 0
     report: object = None
 
 
 def evaluate(feeds, window_s, baseline_s, min_gap=None):
-    """Run explain over the feeds' rows -> LiveVerdict."""
+    """Run explain over the feeds' rows (its episodes in time) -> LiveVerdict: the straggler of the
+    episode still going at the newest data, if any."""
     from . import explain
     conn = build_store(feeds, int((window_s + SETTLE_S) * 1e9))
     try:
@@ -233,31 +200,41 @@ def evaluate(feeds, window_s, baseline_s, min_gap=None):
                                              address=f.address)
                    for f in feeds if f.status not in ANSWERED}
         answered = {f.node: f.status for f in feeds if f.node and f.status in ANSWERED}
-        opts = dict(recent_s=window_s, min_calls=10, timeout_s=10.0)
+        opts = dict(min_calls=10, timeout_s=10.0)
         if min_gap is not None:
             opts["min_gap"] = min_gap
         report = explain.explain_connection(conn, "live watch", missing=missing, answered=answered, **opts)
-        v = LiveVerdict(report=report, ranks=len(report.nodes))
-        if report.straggler:
-            v.straggler = report.straggler
-            row = next((n for n in report.nodes if n["node"] == v.straggler and n["role"] == "straggler"), None)
-            if row:
-                v.rank, v.pid, v.wait_pct = row["rank"], row["pid"], row["wait_pct"]
-                others = sorted(n["wait_pct"] for n in report.nodes if n is not row)
-                v.others_wait_pct = others[len(others) // 2] if others else None
-                feed = next((f for f in feeds if f.node == v.straggler), None)
-                if feed is not None and feed.node_mono_ns is not None:
-                    lag = time.monotonic_ns() - (feed.polled_mono_ns or time.monotonic_ns())
-                    v.base_step_rate, v.step_rate, v.step_moved_s = step_rates(
-                        conn, v.straggler, v.pid, feed.node_mono_ns + lag, int(window_s * 1e9))
-            top = explain.top_cause(report, v.straggler)
-            if top is not None:
-                v.cause, v.share, v.summary = top.cause, round(top.share, 3), top.summary
-            else:
-                v.cause, v.summary = "unknown", "no cause class explains its excess"
-        return v
+        return verdict_of(report)
     finally:
         conn.close()
+
+
+def verdict_of(report):
+    """The LiveVerdict of an explain report: its costliest episode still going at the newest data."""
+    v = LiveVerdict(report=report, ranks=len(report.nodes))
+    going = [e for e in report.episodes if e.get("ongoing")]
+    if not going:
+        return v
+    e = max(going, key=lambda x: x["lost_s"])
+    v.straggler = e["node"]
+    lead = next((f for f in e["findings"] if f["cause"] == "straggler"), None)
+    ranks = [r for r in e["ranks"] if r.get("node") == e["node"]]
+    if ranks:
+        v.rank, v.pid = ranks[0].get("rank"), ranks[0].get("pid")
+    if lead:
+        v.wait_pct = lead["numbers"].get("wait_pct")
+        v.others_wait_pct = lead["numbers"].get("others_median_wait_pct")
+    top = max(e.get("causes") or [], key=lambda c: c["share"], default=None)
+    if top is not None:
+        v.cause, v.share, v.summary = top["cause"], round(top["share"], 3), top["summary"]
+    else:
+        v.cause, v.summary = "unknown", "no cause class explains its excess"
+    span = report.timeline or {}
+    bin_ns = int((span.get("bin_s") or 1) * 1e9)
+    if span.get("start_ns") is not None and e["start_ns"] - span["start_ns"] >= 3 * bin_ns:
+        v.step_moved_s = max(0.0, (span["end_ns"] - e["start_ns"]) / 1e9)   # it began after clean time
+    v.intermittent, v.episode_start = e.get("intermittent"), e.get("start")
+    return v
 
 
 class Tracker:
@@ -270,8 +247,6 @@ class Tracker:
         self._candidate, self._candidate_n = None, 0     # the name named in the last polls, how many in a row
         self._cause_candidate, self._cause_n = None, 0
         self._clear_n = 0
-        self._back_n = 0
-        self.current_ref_rate = None
         self.node_state = {}       # address -> "ok" | "lost"
 
     def nodes(self, feeds):
@@ -305,16 +280,6 @@ class Tracker:
             return events
         if name == self.current.straggler:
             self._clear_n = 0
-            ref = self.current_ref_rate
-            if ref and v.step_rate is not None and v.step_rate >= RECOVERED_RATIO * ref:
-                self._back_n += 1
-                if self._back_n >= self.clear:   # still the slowest, but the job's step time is back
-                    events.append(self._recovered(now, "the step time is back to %.0f%% of before the onset"
-                                                  % (100 * v.step_rate / ref)))
-                    self.current = None
-                    return events
-            else:
-                self._back_n = 0
             if v.cause == self.current.cause:
                 self._cause_candidate, self._cause_n = None, 0
                 self.current = v
@@ -330,7 +295,7 @@ class Tracker:
         switch = name is not None and self._candidate_n >= self.confirm and self._moved(v)
         if self._clear_n >= self.clear or switch:
             events.append(self._recovered(now, "another rank is the straggler now" if switch
-                                          else "no longer the rank that waits least"))
+                                          else "its straggle episode ended"))
             self.current = None
             if switch:
                 self._start(v, now)
@@ -338,14 +303,13 @@ class Tracker:
         return events
 
     def _moved(self, v):
-        """An onset is a change: the job's step time must have moved (its step rate fell and stayed
-        down), not only one rank be the slowest — a rank that always was is explain's to name."""
+        """An onset is a change: its episode began after clean time (the job's step time moved), not
+        only one rank be the slowest — a rank that always was is explain's to name."""
         return not self.require_moved or v.step_moved_s is not None
 
     def _start(self, v, now):
         self.current, self.onset_mono_ns = v, now
-        self.current_ref_rate = v.base_step_rate       # the step rate before the onset
-        self._cause_candidate, self._cause_n, self._clear_n, self._back_n = None, 0, 0, 0
+        self._cause_candidate, self._cause_n, self._clear_n = None, 0, 0
 
     def _recovered(self, now, reason):
         return dict(event="recovered", node=self.current.straggler, rank=self.current.rank, cause=self.current.cause,
@@ -355,7 +319,8 @@ class Tracker:
 def _finding_event(kind, v):
     return dict(event=kind, node=v.straggler, rank=v.rank, pid=v.pid, cause=v.cause, share=v.share,
                 wait_pct=v.wait_pct, others_wait_pct=v.others_wait_pct, step_moved_s=(
-                    None if v.step_moved_s is None else round(v.step_moved_s, 1)), summary=v.summary)
+                    None if v.step_moved_s is None else round(v.step_moved_s, 1)), summary=v.summary,
+                intermittent=v.intermittent, episode_start=v.episode_start)
 
 
 # ---------------------------------------------------------------- the loop

@@ -234,7 +234,8 @@ def _episode(node, group, series, per_def):
     e.intermittent = ep.is_intermittent(lead)
     e.duty, e.cycles = lead.duty, lead.cycles
     e.period_bins = lead.period_bins() if e.intermittent else None
-    e.reaches_end = e.end >= series.n_bins - 1
+    last = max((max(u) for u in (usable(series, k) for k in runs) if u), default=series.n_bins - 1)
+    e.reaches_end = e.end > last           # it runs to its ranks' newest bin that counts (their last is left out)
     e.lead = max(runs, key=lambda k: runs[k].mean_gap * runs[k].bins)
 
     def mean_gap(wait_def):
@@ -392,8 +393,9 @@ def judge_window(series, analysis):
     keys = [s["rank"].key for s in analysis.verdict.stragglers if s["rank"].key[0] == lead.key[0]]
     gap = analysis.verdict.stragglers[0]["gap"]
     run = ep.Run(start=start, end=end, bins=end - start, mean_gap=gap, on_runs=[(start, end)])
+    last = max((max(u) for u in (usable(series, k) for k in keys) if u), default=series.n_bins - 1)
     e = Episode(node=lead.key[0], keys=keys, start=start, end=end, runs={k: run for k in keys}, mean_gap=gap,
-                reaches_end=end >= series.n_bins - 1)
+                reaches_end=end > last, lead=lead.key, start_ns=series.bin_start(start), end_ns=series.bin_start(end))
     return judge(series, e, [e], analysis)
 
 
