@@ -9,6 +9,8 @@
   clock      straggler.clock.clock_segments (one sort: O(n log n)) on 1k, 5k and a week of clock pairs
              (one every 5 s: 120,961) vs its former form, mono_to_real at each pair, which sorts all
              pairs again each time (O(n² log n); run up to 5k pairs only: a week would take hours)
+  week       `straggler merge` of one node store holding a week of clock pairs (120,961) beside 10k
+             events: the whole merge, its row checks and clock alignment included, in seconds
 (The timeline export has its own benchmark: bench_export.py, .pftrace against Chrome JSON.)
 
 Inputs come from straggler_lab.synth (scenario io_cpu, four nodes). Writes
@@ -91,15 +93,39 @@ def clock_segments_per_knot(pairs):
     return segs
 
 
+def week_of_pairs(n=CLOCK_SIZES[-1]):
+    """n clock pairs one every 5 s with a wandering rate (±20 ppm, deterministic), newest first."""
+    pairs, real = [], 1_767_225_600_000_000_000
+    for k in range(n):
+        pairs.append((3_600_000_000_000 + k * 5_000_000_000, real))
+        real += 5_000_000_000 + (k * 7919) % 200_000 - 100_000
+    pairs.reverse()                                                      # not in order
+    return pairs
+
+
+def bench_week_merge(work):
+    """`straggler merge` of one node store whose clock_pairs hold a week (one every 5 s) beside 10k
+    events: the merge as a user runs it, under its default deadline."""
+    facts = synth.write_nodes(os.path.join(work, "week"), synth.SynthSpec(nodes=1, straggler=0, events=10_000))
+    path, node = facts["files"][0]["path"], facts["files"][0]["node"]
+    conn = sqlite3.connect(path)
+    conn.execute("DELETE FROM clock_pairs")
+    conn.executemany("INSERT INTO clock_pairs (node, mono_ns, real_ns) VALUES (?, ?, ?)",
+                     [(node, m, r) for m, r in week_of_pairs()])
+    conn.commit()
+    conn.close()
+    secs, summary = timed(merge.merge, [path], os.path.join(work, "week.db"))
+    alignment = summary["clock_alignment"][node]
+    assert alignment["clock_pairs"] == CLOCK_SIZES[-1] and alignment["aligned"]
+    return dict(pairs=alignment["clock_pairs"], events=summary["rows"]["events"], merge_s=round(secs, 2),
+                deadline_s=merge.DEFAULT_DEADLINE_S)
+
+
 def bench_clock(sizes):
     """clock_segments against the per-knot baseline on pairs one every 5 s with a wandering rate."""
     runs = []
     for n in sizes:
-        pairs, real = [], 1_767_225_600_000_000_000
-        for k in range(n):
-            pairs.append((3_600_000_000_000 + k * 5_000_000_000, real))
-            real += 5_000_000_000 + (k * 7919) % 200_000 - 100_000       # ±20 ppm, deterministic
-        pairs.reverse()                                                  # not in order
+        pairs = week_of_pairs(n)
         secs, segs = timed(clock.clock_segments, pairs)
         run = dict(pairs=n, clock_segments_s=round(secs, 4), per_knot_s=None, speedup=None)
         if n <= CLOCK_BASELINE_MAX:
@@ -130,6 +156,7 @@ def main(argv=None):
     rows = []
     results["clock"] = bench_clock(CLOCK_SIZES)
     try:
+        results["week_merge"] = bench_week_merge(work)
         for size in sizes:
             synth_s, facts = make_nodes(work, size, size)
             paths = [f["path"] for f in facts["files"]]
@@ -170,6 +197,9 @@ def main(argv=None):
                             [(f"{r['pairs']:,}", r["clock_segments_s"], r["per_knot_s"] or "not run",
                               r["speedup"] or "") for r in results["clock"]],
                             title="clock alignment: segments from a node's clock pairs"), end="")
+    week = results["week_merge"]
+    print(f"a week of clock pairs ({week['pairs']:,}) and {week['events']:,} events merged in {week['merge_s']:g} s "
+          f"(deadline {week['deadline_s']:g} s)")
     print(f"results: {out_dir / 'analysis.json'}")
     return 0
 

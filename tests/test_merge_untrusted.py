@@ -5,6 +5,7 @@ byte-identical; a deadline stops a merge that runs too long; an input holding an
 the host it came from is refused; outputs and fetched copies are mode 0600."""
 import hashlib
 import os
+import re
 import shutil
 import sqlite3
 import stat
@@ -19,6 +20,7 @@ import pytest
 from straggler.analysis import merge as merge_mod
 from straggler_lab import synth
 from straggler.analysis.merge import MergeError, merge
+from straggler.text import sql_quote
 
 REPO = Path(__file__).resolve().parent.parent
 ENDLESS = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c)"   # ... FROM c WHERE x < 0: no row, ever
@@ -148,7 +150,16 @@ VALUE_CASES = {
                           "INSERT INTO meta2 VALUES ('schema_version', '1')", "DROP TABLE meta",
                           "ALTER TABLE meta2 RENAME TO meta"], "meta key 'schema_version' appears twice"),
     "node with a newline in processes": (["UPDATE processes SET node = 'x\ny' WHERE rowid = (SELECT MIN(rowid) FROM processes)"],
-                                         "a node in processes is 'x\\ny'"),
+                                         "processes holds a row of node 'x\\ny', but the input is node gpu-node-02"),
+    "no node in meta": (["DELETE FROM meta WHERE key = 'node'"], "says no node (meta has neither node nor nodes)"),
+    "meta node and nodes disagree": (["INSERT INTO meta (key, value) VALUES ('nodes', '[\"gpu-node-03\"]')"],
+                                     "meta key node is gpu-node-02 but meta key nodes is ['gpu-node-03']"),
+    "nodes naming a node twice": (["DELETE FROM meta WHERE key = 'node'",
+                                   "INSERT INTO meta (key, value) VALUES ('nodes', '[\"gpu-node-02\", \"gpu-node-02\"]')"],
+                                  "meta key nodes names gpu-node-02 twice"),
+    "meta keys of another node": (["INSERT INTO meta (key, value) VALUES ('node.gpu-node-01.agent_version', 'forged')"],
+                                  "meta key 'node.gpu-node-01.agent_version' describes a node the input does not hold "
+                                  "(it is node gpu-node-02)"),
     "clock pair as text": (["UPDATE clock_pairs SET mono_ns = 'soon' WHERE rowid = (SELECT MIN(rowid) FROM clock_pairs)"],
                            "clock_pairs of node gpu-node-02 holds ('soon',"),
     "clock offset as text": (["INSERT INTO clock_offsets VALUES ('gpu-node-02', 'late', 1, 1, 'https')"],
@@ -263,6 +274,142 @@ def test_the_merge_action_expects_each_collected_hosts_node():
     assert expected_nodes_of(task_vars, inputs, ["gpu-node-01", "gpu-node-02"], {"/c/other.db": "n9"}) == {
         "/c/gpu-node-01.db": "gpu-node-01", "/c/gpu-node-02.db": "trainer-2", "/c/other.db": "n9"}
     assert expected_nodes_of(task_vars, inputs, None) == {}
+
+
+# ---- every row of every node table is of the node the input says it is ----
+
+OWN, OTHER = "gpu-node-02", "gpu-node-01"      # the crafted input's node, and the other input's
+
+
+def _forge_a_middle_row(path, table, node):
+    """One row of `table` in the middle of it (neither its first nor its last row) made a row of
+    `node`; a table with fewer than three rows gets three: its own node's, `node`'s, its own's."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=DELETE")
+        count = conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+        if count >= 3:
+            conn.execute(f"UPDATE {table} SET node = ? WHERE rowid = (SELECT rowid FROM {table} ORDER BY rowid "
+                         f"LIMIT 1 OFFSET ?)", (node, count // 2))
+            return
+        columns = [(r[1], (r[2] or "").upper()) for r in conn.execute(f"PRAGMA table_info({table})")]
+        for n, who in enumerate((OWN, node, OWN)):
+            values = [who if name == "node" else 90_000_000 + n if "INT" in kind else 1.5 if "REAL" in kind
+                      else f"forged-{n}" for name, kind in columns]
+            conn.execute(f"INSERT INTO {table} ({', '.join(c for c, _ in columns)}) "
+                         f"VALUES ({', '.join('?' * len(columns))})", values)
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("table", merge_mod.NODE_TABLES)
+def test_a_row_of_another_node_anywhere_in_any_table_is_refused(node_dbs, tmp_path, table):
+    """`merge --expect gpu-node-02.db=gpu-node-02` of an input that says it is gpu-node-02 and carries
+    one row of gpu-node-01 in the middle of a table: refused in one line naming the table, nothing
+    written, the input unchanged (before, only the first and last event and five small tables were
+    looked at: thread_time, clock_offsets, aggregates and the device tables not at all)."""
+    crafted = str(tmp_path / f"{OWN}.db")
+    shutil.copy(node_dbs[1], crafted)
+    _forge_a_middle_row(crafted, table, OTHER)
+    before = _sha(crafted)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    proc, elapsed = _run_cli([node_dbs[0], crafted, "-o", str(out_dir / "cluster.db"), "--expect", f"{crafted}={OWN}"])
+    _assert_refused(proc, elapsed, crafted, f"{table} holds a row of node '{OTHER}', but the input is node {OWN} "
+                                            f"(its meta); refusing a forged or mixed input", out_dir)
+    assert _sha(crafted) == before
+
+
+def test_a_forged_row_is_refused_whatever_collation_the_input_declares(node_dbs, tmp_path):
+    """A node column declared COLLATE NOCASE would make 'GPU-NODE-02' equal 'gpu-node-02': names are
+    compared byte for byte."""
+    crafted = str(tmp_path / f"{OWN}.db")
+    shutil.copy(node_dbs[1], crafted)
+    _forge_a_middle_row(crafted, "thread_time", OWN.upper())
+    conn = sqlite3.connect(crafted)
+    ddl = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'thread_time'").fetchone()[0]
+    conn.close()
+    nocase = re.sub(r"node\s+TEXT\s+NOT NULL", "node TEXT NOT NULL COLLATE NOCASE", ddl, count=1)
+    assert nocase != ddl
+    _craft(crafted, crafted + ".nocase", [f"UPDATE sqlite_master SET sql = {sql_quote(nocase)} WHERE name = 'thread_time'"])
+    out = tmp_path / "out" / "cluster.db"
+    out.parent.mkdir()
+    with pytest.raises(MergeError, match=re.escape(f"thread_time holds a row of node '{OWN.upper()}', but the input "
+                                                   f"is node {OWN}")):
+        merge([node_dbs[0], crafted + ".nocase"], str(out))
+    assert os.listdir(out.parent) == []
+
+
+def test_a_merged_input_holds_only_the_nodes_it_names(node_dbs, tmp_path):
+    """A merged database says which nodes it holds (meta nodes): merged again it keeps them, and a
+    row of a node it does not name is refused."""
+    half = str(tmp_path / "half.db")
+    merge(node_dbs, half)
+    out = tmp_path / "out" / "cluster.db"
+    out.parent.mkdir()
+    assert merge([half], str(out))["nodes"] == [OTHER, OWN]
+    os.unlink(out)
+    _forge_a_middle_row(half, "events", "gpu-node-07")
+    with pytest.raises(MergeError, match=r"events holds a row of node 'gpu-node-07', but the input is nodes "
+                                         r"gpu-node-01, gpu-node-02"):
+        merge([half], str(out))
+    assert os.listdir(out.parent) == []
+
+
+# ---- clock alignment runs under the deadline ----
+
+SLOW_CLOCK_WORK = {
+    # each pair slow to read (20 s in all): SQLite's progress handler stops the fetching
+    "reading the pairs": """
+        fast = clock.as_int_ns
+        def slow(value):
+            time.sleep(0.001)          # the first input's few pairs: well within the deadline
+            return fast(value)
+        m.vetting.clock.as_int_ns = slow
+        """,
+    # the segments slow to compute (pure Python, which the progress handler does not see): the
+    # deadline is checked right after, before any row is copied
+    "computing the segments": """
+        fast = clock.clock_segments
+        def slow(pairs):
+            if len(pairs) > 1000:      # the crafted input's node only
+                time.sleep(2.0)
+            return fast(pairs)
+        m.copy.clock.clock_segments = slow
+        """,
+}
+
+
+@pytest.mark.parametrize("slow", list(SLOW_CLOCK_WORK))
+def test_the_deadline_stops_the_clock_alignment_in_one_line(node_dbs, tmp_path, slow):
+    """A node's clock pairs (one every 5 s for days) are read and turned into segments in Python:
+    past the deadline the merge stops there, in one line, writing nothing."""
+    crafted = str(tmp_path / f"{OWN}.db")
+    shutil.copy(node_dbs[1], crafted)
+    conn = sqlite3.connect(crafted)
+    conn.execute("DELETE FROM clock_pairs")
+    conn.executemany("INSERT INTO clock_pairs (node, mono_ns, real_ns) VALUES (?, ?, ?)",
+                     [(OWN, k * 5_000_000_000, 1_767_225_600_000_000_000 + k * 5_000_000_000) for k in range(20_000)])
+    conn.commit()
+    conn.close()
+    out = tmp_path / "out" / "cluster.db"
+    out.parent.mkdir()
+    script = "import sys, time\nfrom straggler import clock\nfrom straggler.analysis import merge as m\n" + \
+        textwrap.dedent(SLOW_CLOCK_WORK[slow]) + textwrap.dedent(f"""
+        try:
+            m.merge([{node_dbs[0]!r}, {crafted!r}], {str(out)!r}, deadline_s=1.0)
+        except m.MergeError as exc:
+            print(exc)
+            sys.exit(2)
+        """)
+    try:
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=15, cwd=str(REPO))
+    except subprocess.TimeoutExpired:
+        pytest.fail("the deadline did not stop the clock alignment")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout.strip() == (f"merge stopped after 1 s (--deadline): still aligning the clocks of {crafted}; "
+                                   f"nothing was written (raise --deadline for inputs this large)")
+    assert os.listdir(out.parent) == []
 
 
 # ---- modes ----

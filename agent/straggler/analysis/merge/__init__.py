@@ -3,6 +3,8 @@
 One concern per module:
   - vetting: the inputs are untrusted (they come from the nodes): only plain tables where merge
     reads, no trigger, hardened read-only connections, every meta and clock value type-checked;
+    an input holds the nodes its meta says (`node`, or `nodes` for a merged one), checked in SQL
+    over every row of every node table, and its `node.<NODE>.*` meta keys are its own nodes';
   - planning: the paths, the node each input must hold (--expect), the output name of every node
     (--rename, --auto-rename), the measured offsets (--offsets);
   - copy: ATTACH + INSERT … SELECT per input inside one read transaction, meta under
@@ -16,20 +18,21 @@ Clock alignment is straggler.clock's (clock_segments, Aligner), shared with expo
 else the input's latest clock_offsets row, else 0, reported).
 
 Every refusal is one MergeError line naming the file, with no output left behind: a missing,
-non-SQLite, corrupt or crafted input, a newer schema, two inputs holding the same node (unless
-renamed), an input holding another node than expected, an output that is an input, a merge past
-its deadline. The package must not modify its inputs, talk to the network, parse arguments or
+non-SQLite, corrupt or crafted input, a newer schema, an input that says no node, a row anywhere
+of a node the input does not say it holds, meta keys of another node, two inputs holding the same
+node (unless renamed), an input holding another node than expected, an output that is an input, a
+merge past its deadline (clock alignment included). The package must not modify its inputs, talk to the network, parse arguments or
 print (straggler.cli.merge does).
 """
 import os
 import time
 
 from . import planning, vetting
-from .copy import NODE_META_PREFIX, content_digest, node_meta_key, write_merged
+from .copy import content_digest, node_meta_key, write_merged
 from .deadline import DEFAULT_DEADLINE_S, PROGRESS_OPS, Deadline
 from .errors import MergeError
 from .planning import load_offsets, normalize_offsets, parse_expected, parse_renames
-from .vetting import NODE_TABLES, READ_OBJECTS, inspect_input, node_name_problem
+from .vetting import NODE_META_PREFIX, NODE_TABLES, READ_OBJECTS, inspect_input, node_name_problem
 
 __all__ = ["merge", "MergeError", "Deadline", "DEFAULT_DEADLINE_S", "PROGRESS_OPS", "NODE_TABLES", "READ_OBJECTS",
            "NODE_META_PREFIX", "node_meta_key", "content_digest", "inspect_input", "node_name_problem",

@@ -1,10 +1,11 @@
 """The copy: vetted, planned inputs into one cluster database, and the comparison of two merged ones.
 
 Every node table is copied node-aware (events, aggregates, thread_time, clock_pairs,
-clock_offsets, processes, lost_events, agent_cost, probes; each input's meta under
-`node.<NODE>.<key>`), so nothing is dropped or collides; events keep (node, seq) and the output
-gets a UNIQUE index on it. Each input is ATTACHed read-only and copied inside one read
-transaction (a consistent snapshot, WAL included; vetted again inside it) with INSERT … SELECT
+clock_offsets, processes, lost_events, agent_cost, probes, the device tables; each input's meta
+under `node.<NODE>.<key>`), so nothing is dropped or collides; events keep (node, seq) and the
+output gets a UNIQUE index on it. Each input is ATTACHed read-only and copied inside one read
+transaction (a consistent snapshot, WAL included; vetted again inside it, its rows checked to be
+of the nodes it says it holds, so what is copied is what was checked) with INSERT … SELECT
 (no Python row loop); `events.ts_aligned` is filled by straggler.clock's Aligner, registered as
 the SQL function straggler_aligned_ts(node, ts). The offsets used are stored in clock_offsets
 (method 'merge') with their uncertainty. The output is written to a temporary file beside it (mode
@@ -26,11 +27,10 @@ from ...store import schema
 from ...text import one_line, sql_ident, sql_quote
 from . import vetting
 from .errors import MergeError
-from .vetting import NODE_TABLES, harden, ro_uri
+from .vetting import NODE_META_PREFIX, NODE_TABLES, harden, ro_uri
 
 EVENT_INDEXES = ("events_source_op_ts", "events_pid_ts", "events_ts")
 UNIQUE_EVENT_INDEX = "CREATE UNIQUE INDEX IF NOT EXISTS events_node_seq ON events(node, seq)"
-NODE_META_PREFIX = "node."
 # meta keys of an input that describe a merge: written afresh, never copied
 MERGE_META_KEYS = ("schema_version", "nodes", "merged_from", "merged_at", "clock_alignment")
 
@@ -53,14 +53,25 @@ def _node_case(plan, column="node"):
     return f"CASE {column} {whens} ELSE {column} END"
 
 
-def _copy_input(conn, path, plan, offsets, summary, aligner):
+def _copy_input(conn, path, plan, offsets, summary, aligner, deadline):
     """Copy one attached input (schema `src`) into main, inside one read transaction. The input is
-    checked again (vet_schema, read_meta) inside that transaction, before anything else reads it."""
+    checked again inside that transaction, before anything else reads it: its schema (vet_schema),
+    its meta (read_meta), that it still says it holds the nodes planned, that every row of every
+    node table is of those nodes (check_rows) and that its node meta keys are its own
+    (check_meta_keys). What is copied is what was checked."""
     conn.execute("ATTACH DATABASE ? AS src", (ro_uri(path),))
     try:
         conn.execute("BEGIN")
         src_tables = vetting.vet_schema(conn, path, "src")
         src_meta = vetting.read_meta(conn, path, "src")
+        nodes = vetting.declared_nodes(src_meta, path)
+        if nodes != list(plan):
+            raise MergeError(f"{path}: changed while it was merged (it now says it holds {', '.join(nodes)}, before "
+                             f"{', '.join(plan)}); take a fresh copy and merge again")
+        deadline.where = f"checking the rows of {path}"
+        vetting.check_rows(conn, path, src_tables, nodes)
+        own_meta_keys = vetting.check_meta_keys(src_meta, path, nodes)
+        deadline.where = f"aligning the clocks of {path}"
         input_offsets = vetting.input_offsets(conn, path, plan) if "clock_offsets" in src_tables else {}
         # clock segments per source node, with the offset to subtract folded into base
         aligner.clear()
@@ -75,10 +86,12 @@ def _copy_input(conn, path, plan, offsets, summary, aligner):
                 source = "input"
             else:
                 off, unc, source, measured_at = 0, None, "none", None
-            segs = clock.clock_segments(pairs)
+            segs = clock.clock_segments(pairs)         # sorted already: one pass
+            deadline.check()                           # Python work the progress handler does not see
             aligner.set_node(old, segs, off)
             alignment[new] = dict(offset_ns=off, uncertainty_ns=unc, source=source, clock_pairs=len(pairs),
                                   aligned=bool(segs), measured_at=measured_at)
+        deadline.where = f"copying {path}"
         for table in NODE_TABLES:
             if table not in src_tables:
                 continue
@@ -101,11 +114,9 @@ def _copy_input(conn, path, plan, offsets, summary, aligner):
         for key, value in src_meta.items():
             if key in MERGE_META_KEYS:
                 continue
-            if key.startswith(NODE_META_PREFIX):
-                rest = key[len(NODE_META_PREFIX):]
-                target = next((k for k in sorted(plan, key=len, reverse=True) if rest.startswith(k + ".")), None)
-                if target is not None:
-                    key = node_meta_key(plan[target], rest[len(target) + 1:])
+            if key in own_meta_keys:
+                node, rest = own_meta_keys[key]
+                key = node_meta_key(plan[node], rest)
             elif single:
                 key = node_meta_key(next(iter(plan.values())), key)
             else:
@@ -209,7 +220,7 @@ def write_merged(inputs, plans, offsets, output, out_dir, deadline, only_if_chan
             deadline.check()
             deadline.where = f"copying {path}"
             try:
-                _copy_input(conn, path, plan, offsets, summary, aligner)
+                _copy_input(conn, path, plan, offsets, summary, aligner, deadline)
             except sqlite3.IntegrityError as exc:
                 if "UNIQUE" not in str(exc):
                     raise MergeError(f"{path}: rows break the schema ({one_line(exc)}); take a fresh copy with "

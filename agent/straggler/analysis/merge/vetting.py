@@ -7,6 +7,12 @@ input run with `trusted_schema=OFF`, `query_only`, `cell_size_check` and, where 
 integer, node a node name, nodes a JSON list of node names), and so are the clock values it
 computes with (input_clock_pairs, input_offsets).
 
+Which nodes an input holds is what it says (declared_nodes): meta `node` (a node's store, as the
+agent writes it) or meta `nodes` (a merged database); an input that says neither is refused. What
+it says is then checked over every row, in SQL (check_rows): each node table's node column must
+hold only those names, compared byte for byte whatever collation the input declares; one row of
+another node anywhere refuses the input. Rows are never sampled.
+
 Holds the checks and the checked reads only; must not write anything, plan names or copy rows.
 """
 import json
@@ -20,6 +26,8 @@ from ... import clock
 from ...store import schema
 from ...text import one_line
 from .errors import MergeError, show
+
+NODE_META_PREFIX = "node."         # a merged database keeps each node's own meta keys as node.<NODE>.<key>
 
 # The node tables merge reads and copies (all carry a node column), in dependency-free order.
 NODE_TABLES = ("clock_pairs", "clock_offsets", "processes", "probes", "lost_events", "agent_cost",
@@ -150,7 +158,8 @@ def _parse_nodes(value, path):
 
 def inspect_input(path, deadline=None):
     """Check one input (exists, SQLite, only plain tables where merge reads, sound meta) and list the
-    nodes it holds. `deadline`: a merge.deadline.Deadline watching the reads, or None."""
+    nodes it says it holds (declared_nodes; its rows are checked against them when it is copied,
+    check_rows). `deadline`: a merge.deadline.Deadline watching the reads, or None."""
     if not os.path.isfile(path):
         raise MergeError(f"{path}: no such file; pass node databases written by `straggler trace` or `straggler snapshot`")
     with open(path, "rb") as fh:
@@ -168,9 +177,8 @@ def inspect_input(path, deadline=None):
                 deadline.watch(conn)
             harden(conn, read_only=True)
             conn.execute("BEGIN")                  # one snapshot for the checks and the reads
-            tables = vet_schema(conn, path)
-            meta = read_meta(conn, path)
-            return _nodes_of(conn, path, tables, meta)
+            vet_schema(conn, path)
+            return declared_nodes(read_meta(conn, path), path)
         except sqlite3.DatabaseError as exc:
             if deadline is not None and deadline.hit:
                 raise deadline.error() from None
@@ -180,31 +188,65 @@ def inspect_input(path, deadline=None):
         conn.close()
 
 
-def _nodes_of(conn, path, tables, meta):
-    """Node names an input holds: meta, the small tables, and the first and last event."""
-    nodes = {}                                 # an ordered set
+def declared_nodes(meta, path):
+    """The nodes an input says it holds (its meta, checked by read_meta): `nodes` (a merged
+    database: each name once; `node`, if there too, one of them), else [`node`] (a node's store).
+    Refused when it says neither: then no row could be checked against anything."""
+    names, node = meta.get("nodes"), meta.get("node")
+    if names is None:
+        if node is None:
+            raise MergeError(f"{path}: says no node (meta has neither node nor nodes); pass node stores written by "
+                             f"`straggler trace` or `straggler snapshot`, or databases written by `straggler merge`")
+        return [node]
+    if not names:
+        raise MergeError(f"{path}: meta key nodes is an empty list; expected the node names the database holds")
+    if len(names) > MAX_NODES_PER_INPUT:
+        raise MergeError(f"{path}: meta key nodes names more than {MAX_NODES_PER_INPUT} nodes; is it a straggler "
+                         f"database?")
+    if len(set(names)) != len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise MergeError(f"{path}: meta key nodes names {twice} twice; expected each node once")
+    if node is not None and node not in names:
+        raise MergeError(f"{path}: meta key node is {node} but meta key nodes is {show(names)}; refusing an input "
+                         f"that says two things")
+    return list(names)
 
-    def add(name, where):
-        if name is not None and name not in nodes:
-            _check_node_name(name, path, where)
-            if len(nodes) >= MAX_NODES_PER_INPUT:
-                raise MergeError(f"{path}: holds more than {MAX_NODES_PER_INPUT} node names; is it a straggler database?")
-            nodes[name] = True
 
-    for name in meta.get("nodes") or ():
-        add(name, "a name in meta key nodes")
-    add(meta.get("node"), "meta key node")
-    for table in ("clock_pairs", "processes", "probes", "agent_cost", "lost_events"):
-        if table in tables:
-            for (name,) in conn.execute(f"SELECT DISTINCT node FROM {table}"):
-                add(name, f"a node in {table}")
-    if "events" in tables:
-        for order in ("ASC", "DESC"):
-            row = conn.execute(f"SELECT node FROM events ORDER BY rowid {order} LIMIT 1").fetchone()
-            add(row[0] if row else None, "a node in events")
-    if not nodes:
-        raise MergeError(f"{path}: holds no node (empty meta and tables); is it a straggler database?")
-    return list(nodes)
+def _holding(nodes):
+    return f"node {nodes[0]}" if len(nodes) == 1 else f"nodes {', '.join(nodes)}"
+
+
+def check_rows(conn, path, tables, nodes, schema_name="src"):
+    """Refuse an input whose node tables hold a row of any node but `nodes` (what it says it holds):
+    one SQL statement per table, over the whole table (NULL and non-text nodes included; names
+    compared byte for byte, whatever collation the input's column declares). Runs under the
+    deadline's progress handler like every statement of the merge."""
+    listed = json.dumps(list(nodes))
+    for table in NODE_TABLES:
+        if table not in tables:
+            continue
+        row = conn.execute(f"SELECT node FROM {schema_name}.{table} WHERE node IS NULL OR (node COLLATE BINARY) "
+                           f"NOT IN (SELECT value FROM json_each(?)) LIMIT 1", (listed,)).fetchone()
+        if row is not None:
+            raise MergeError(f"{path}: {table} holds a row of node {show(row[0])}, but the input is "
+                             f"{_holding(nodes)} (its meta); refusing a forged or mixed input")
+
+
+def check_meta_keys(meta, path, nodes):
+    """Refuse meta keys `node.<NODE>.<key>` of a node the input does not hold: an input may describe
+    only itself. Returns {key: (node, rest)} of its own node keys (the longest matching name)."""
+    own = {}
+    by_length = sorted(nodes, key=len, reverse=True)
+    for key in meta:
+        if not key.startswith(NODE_META_PREFIX):
+            continue
+        rest = key[len(NODE_META_PREFIX):]
+        node = next((n for n in by_length if rest.startswith(n + ".") and len(rest) > len(n) + 1), None)
+        if node is None:
+            raise MergeError(f"{path}: meta key {show(key)} describes a node the input does not hold (it is "
+                             f"{_holding(nodes)}); refusing a forged input")
+        own[key] = (node, rest[len(node) + 1:])
+    return own
 
 
 def input_offsets(conn, path, nodes, schema_name="src"):
@@ -225,9 +267,13 @@ def input_offsets(conn, path, nodes, schema_name="src"):
 
 
 def input_clock_pairs(conn, path, node, schema_name="src"):
-    """The input's (mono_ns, real_ns) pairs of `node`, each an integer or the input is refused."""
+    """The input's (mono_ns, real_ns) pairs of `node`, each an integer or the input is refused, in
+    order: SQLite sorts them, and fetching them steps SQLite, so the deadline's progress handler
+    stops a read that runs too long; clock_segments' own sort then finds them sorted (one pass)."""
     pairs = []
-    for mono, real in conn.execute(f"SELECT mono_ns, real_ns FROM {schema_name}.clock_pairs WHERE node = ?", (node,)):
+    rows = conn.execute(f"SELECT mono_ns, real_ns FROM {schema_name}.clock_pairs WHERE node = ? "
+                        f"ORDER BY mono_ns, real_ns", (node,))
+    for mono, real in rows:
         m, r = clock.as_int_ns(mono), clock.as_int_ns(real)
         if m is None or r is None:
             raise MergeError(f"{path}: clock_pairs of node {node} holds {show((mono, real))}; expected integer "
