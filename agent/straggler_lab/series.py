@@ -37,6 +37,9 @@ class Fault:
     off_s: float = None
     thief: str = "hog"               # cpu: who takes the CPU — "hog" (a process of its own) or "sibling" (another
                                      # rank of the job on the same node)
+    device: str = None               # what the faulty ranks' GPUs say meanwhile (SeriesSpec.gpus): "throttle"
+                                     # (hw_thermal_slowdown, the SM clock / slow), "link" (PCIe gen 3 x8 of
+                                     # 5 x16), "xid" (an Xid 79 at the start), or None
 
     def active(self, t_s):
         if not (self.start_s <= t_s < self.end_s):
@@ -63,6 +66,8 @@ class SeriesSpec:
     faults: list = field(default_factory=list)
     noise: float = 0.02              # relative noise of each rank's components per interval
     helper_thread: bool = True       # a second thread per rank (a communication thread) with a little run queue
+    gpus: bool = False               # also the agent's device tables: a GPU per rank (its local rank), sampled
+                                     # every interval (gpus, gpu_samples, gpu_processes, gpu_errors)
     prefix: str = "gpu-node-"
     seed: int = 1
 
@@ -167,6 +172,51 @@ def _side_tables(conn, spec, nodes):
                           mono0, mono0 + int(spec.seconds * 1e9), None))
 
 
+SM_MAX_MHZ = 1980
+HW_THERMAL_SLOWDOWN = 0x40
+
+
+def _gpu_tables(conn, spec):
+    """The device tables a GPU node's agent writes, for spec.gpus: each rank's GPU sampled every interval,
+    saying what Fault.device says while its fault is on."""
+    samples, errors = [], []
+    for node in range(spec.nodes):
+        name, mono0 = spec.node_name(node), _boot_mono_ns(node)
+        for local in range(spec.ranks_per_node):
+            rank = node * spec.ranks_per_node + local
+            bus = f"0000:{0x18 + local:02x}:00"
+            conn.execute("INSERT INTO gpus(node, gpu, uuid, name, pci_bus_id, minor, ts, last_seen) "
+                         "VALUES (?,?,?,?,?,?,?,?)", (name, local, f"GPU-synth-{node:02d}-{local}", "Synthetic GPU",
+                                                      f"{bus}.0", local, mono0, mono0 + int(spec.seconds * 1e9)))
+            conn.execute("INSERT INTO gpu_processes(node, pid, gpu, uuid, rank, how, mem_used_bytes, first_seen, "
+                         "last_seen) VALUES (?,?,?,?,?,?,?,?,?)", (name, TRAINER_PID + rank, local,
+                                                                   f"GPU-synth-{node:02d}-{local}", rank, "nvml",
+                                                                   2 << 30, mono0, mono0 + int(spec.seconds * 1e9)))
+            mine = [f for f in _faults_of(spec, node, local) if f.device]
+            for f in mine:
+                if f.device == "xid":
+                    errors.append((name, mono0 + int(f.start_s * 1e9), local, bus, f"GPU-synth-{node:02d}-{local}", 79,
+                                   "GPU has fallen off the bus: it no longer answers on PCIe", None, None, "kernel",
+                                   f"NVRM: Xid (PCI:{bus}): 79, pid='<unknown>', name=<unknown>, GPU has fallen off "
+                                   f"the bus."))
+            for i in range(int(spec.seconds / spec.interval_s)):
+                t_s = i * spec.interval_s
+                on = [f for f in mine if f.active(t_s)]
+                throttle = any(f.device == "throttle" for f in on)
+                link = any(f.device == "link" for f in on)
+                clock = int(SM_MAX_MHZ / max((f.slow for f in on if f.device == "throttle"), default=1.0))
+                samples.append((name, mono0 + int(t_s * 1e9), local, clock, SM_MAX_MHZ, 2619, 2619,
+                                HW_THERMAL_SLOWDOWN if throttle else 0, "hw_thermal_slowdown" if throttle else "",
+                                90 if throttle else 55, 400000, 700000, 97, 40, 30 << 30, 80 << 30,
+                                3 if link else 5, 5, 8 if link else 16, 16))
+    conn.executemany("INSERT INTO gpu_samples(node, ts, gpu, sm_clock_mhz, sm_clock_max_mhz, mem_clock_mhz, "
+                     "mem_clock_max_mhz, clock_events, clock_event_names, temperature_c, power_mw, power_limit_mw, "
+                     "util_gpu_pct, util_mem_pct, mem_used_bytes, mem_total_bytes, pcie_gen, pcie_gen_max, pcie_width, "
+                     "pcie_width_max) VALUES (" + ", ".join("?" * 20) + ")", samples)
+    conn.executemany("INSERT INTO gpu_errors(node, ts, gpu, pci_bus_id, uuid, xid, meaning, pid, process, origin, "
+                     "message) VALUES (?,?,?,?,?,?,?,?,?,?,?)", errors)
+
+
 def write_cluster(path, spec):
     """One cluster database (every node, clocks already aligned: each node's pairs map its monotonic
     clock to the same timeline) at `path`; returns its facts (nodes, the faults' true windows)."""
@@ -190,6 +240,8 @@ def write_cluster(path, spec):
             if batch:
                 conn.executemany(insert, batch)
             _side_tables(conn, spec, range(spec.nodes))
+            if spec.gpus:
+                _gpu_tables(conn, spec)
             conn.execute("INSERT OR REPLACE INTO meta VALUES ('synthetic', 'series')")
         schema.create(conn)       # the index again, after the bulk load
     finally:

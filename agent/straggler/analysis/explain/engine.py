@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 from ...errors import UsageError
 from ...store.steptime import rank_time
-from . import episodes, findings, model, sql, timeline
+from . import devices, episodes, findings, model, sql, timeline
 from .findings import CAUSE_CLASSES
 from .report import SEVERITY_ORDER, Report
 from .runners import ConnRunner, DbRunner, FleetRunner
@@ -176,6 +176,7 @@ def _episodes(runner, opts, report, callers, span_rows):
         judged.append(timeline.judge(series, e, found, analysis))
         if len(judged) >= MAX_EPISODES_JUDGED:
             break
+    device = _device_evidence(runner, opts, series, found, judged, span_rows) if series else None
     if not judged:
         # no episode in time (none, or a trace too short to segment): the fixed cut over the whole trace,
         # whose recent part, when it names a straggler, is reported as that straggler's episode
@@ -183,14 +184,23 @@ def _episodes(runner, opts, report, callers, span_rows):
         if not analysis.verdict.stragglers or series is None:
             emit(report, analysis)
             report.nodes = rank_rows(analysis)
+            if device:
+                report.findings.extend(device["warnings"])
             return analysis
         judged.append(timeline.judge_window(series, analysis))
     judged.sort(key=lambda j: -j.lost_s)
     for j in judged:
+        if j.findings:                 # named by its GPU's own word: its findings are made
+            report.episodes.append(timeline.episode_dict(series, j))
+            continue
         sub = Report(source=report.source)
         emit(sub, j.analysis)
         j.findings = sub.findings
+        for ev, texts in (device or {}).get("attach", {}).get(id(j), []):
+            findings.add_device_evidence(j.findings, ev, texts)
         report.episodes.append(timeline.episode_dict(series, j))
+    if device:
+        report.findings.extend(device["warnings"])
     top = judged[0]
     report.findings.extend(top.findings)
     report.nodes = rank_rows(top.analysis)
@@ -202,6 +212,68 @@ def _episodes(runner, opts, report, callers, span_rows):
     report.straggler = report.stragglers[0]
     report.timeline = timeline.timeline_dict(series)
     return top.analysis
+
+
+def _device_evidence(runner, opts, series, found, judged, span_rows):
+    """What the GPUs said (devices.py), where the store has their samples: evidence added to the judged
+    episodes' GPUs; an episode for a GPU that alone says why when the whole job slowed with nobody
+    waiting less (collectives that only enqueue) — appended to `judged`; and warnings for a GPU's
+    evidence without a slowdown. None without device samples."""
+    if not devices.has_device_tables(runner):
+        return None
+    ranks_of = {(r["node"], int(r["pid"])): r for r in runner.rows(devices.PROCESS_RANKS)}
+    rows = [dict(r, local_rank=ranks_of.get((r["node"], int(r["pid"])), {}).get("local_rank")) for r in span_rows]
+    gpu_of = devices.gpus_of(runner.rows(devices.GPU_OF_PROCESS), rows)
+    out = {"attach": {}, "warnings": []}
+    named = set()
+    for j in judged:                   # the named ranks' GPUs over their own episode
+        e = j.episode
+        evidence, texts = devices.over(runner, series, e.start, e.end)
+        standing = {ev.key: ev for ev in devices.standing_out(evidence)}
+        for s in j.analysis.verdict.stragglers:
+            for gpu in gpu_of.get(s["rank"].key, []):
+                ev = standing.get((s["rank"].key[0], gpu))
+                if ev is not None and ev.key not in named:
+                    out["attach"].setdefault(id(j), []).append((ev, texts))
+                    named.add(ev.key)
+    busy = {b for e in found for b in range(e.start, e.end)}
+    runs, rates, ref = devices.job_slow_runs(series, opts.episode_options())
+    slow_bins = set()
+    for run in runs:                   # the job slowed and nobody waited less: whose GPU says why?
+        slow_bins.update(range(run.start, run.end))
+        if any(b in busy for b in range(run.start, run.end)):
+            continue
+        evidence, texts = devices.over(runner, series, run.start, run.end)
+        for ev in devices.standing_out(evidence):
+            keys = sorted(k for k, gpus in gpu_of.items() if k[0] == ev.node and ev.gpu in gpus and k in series.ranks)
+            j = timeline.judge_device(series, run, ev, keys, rates, ref)
+            j.analysis = analyse(runner, opts, timeline.episode_windows(series, j.episode, found), span_rows)
+            ranks = [series.rank_of.get(k) for k in keys if series.rank_of.get(k) is not None]
+            j.findings = findings.device_findings(series.sql, texts, j, ev, ranks)
+            for f in j.findings:
+                f.at_ns = series.to_node(ev.node, j.episode.start_ns)
+                f.window_ns = [f.at_ns, series.to_node(ev.node, j.episode.end_ns)]
+            judged.append(j)
+            named.add(ev.key)
+        for kind, evs in devices.alike(evidence).items():
+            out["warnings"].append(findings.device_warning(
+                evs[0], texts, f"as on {len(evs) - 1} other GPU(s) alike while the job ran ×"
+                               f"{1 / max(0.1, 1 - run.mean_gap):.2f} slower: a condition of the fleet, no one GPU's"))
+    # the rest: a GPU's own runs of evidence where the job did not slow down (and no episode named it)
+    texts = {"gpu_samples": devices.device_series_sql(series), "gpu_errors": devices.device_errors_sql(series)}
+    per_gpu = devices.device_runs(runner.rows(texts["gpu_samples"]), runner.rows(texts["gpu_errors"]))
+    for key, gpu_runs in sorted(per_gpu.items()):
+        if key in named:
+            continue
+        for start, end, kind in gpu_runs:
+            if any(b in slow_bins or b in busy for b in range(start, end)):
+                continue
+            evidence, run_texts = devices.over(runner, series, start, end)
+            ev = evidence.get(key)
+            if ev is not None and ev.kind:
+                out["warnings"].append(findings.device_warning(ev, run_texts, "while the job did not slow down"))
+                break
+    return out
 
 
 def analyse(runner, opts, windows, span_rows):

@@ -8,7 +8,8 @@ from . import comms as comms_model, model, sql
 from .report import Finding
 
 CAUSE_CLASSES = ("cpu-contention", "self-contention", "host-compute", "gpu-slow", "cuda-calls", "io-self",
-                 "io-other", "unknown")
+                 "io-other", "gpu-throttled", "gpu-link", "gpu-errors", "unknown")
+DEVICE_WORDS = {"gpu-throttled": "GPU throttled", "gpu-link": "GPU link degraded", "gpu-errors": "GPU errors"}
 
 
 def _fmt_bytes(b):
@@ -99,6 +100,58 @@ def lost_findings(report, lost):
             numbers={"lost_events": r["lost_events"]}, sql={"lost_events": sql.LOST.strip()},
             sources={"lost_events": dict(sql="lost_events", match={"node": r["node"]}, column="lost_events")},
             recommendation="raise the agent's buffer size (--ringbuf-kb, --sys-ringbuf-kb) or trace fewer calls"))
+
+
+def device_findings(series_sql, device_sql, j, ev, ranks):
+    """The findings of an episode named by a GPU's own word (devices.py): every rank waited alike, the
+    job ran slower, and one GPU alone reports throttling, a degraded link or errors."""
+    from .devices import RECOMMENDATION
+    node = ev.node
+    who = (f"rank {_rank_list(ranks)}" if len(ranks) == 1 else f"ranks {_rank_list(ranks)}") if ranks else "its ranks"
+    e = j.episode
+    summary = (f"{node} ({who}, GPU {ev.gpu}) is the straggler: the job ran ×{j.slowdown:.2f} slower while every rank "
+               f"waited alike (in synchronize: with collectives that only enqueue the calls cannot tell whose GPU "
+               f"is slow) — and its GPU alone says why: {ev.detail}")
+    sql_texts = {"series": series_sql.strip(), **{k: v.strip() for k, v in device_sql.items()}}
+    numbers = dict(gpu=ev.gpu, slowdown=round(j.slowdown, 3), **{k: v for k, v in ev.numbers.items()
+                                                                   if not isinstance(v, list)})
+    out = [Finding(severity="critical", node=node, cause="straggler", summary=summary, numbers=numbers,
+                   sql=sql_texts, recommendation="see the cause finding below", share=1.0),
+           Finding(severity="critical", node=node, cause=ev.kind,
+                   summary=f"{DEVICE_WORDS[ev.kind]} on {node} GPU {ev.gpu} ({who}): {ev.detail}",
+                   numbers=dict(gpu=ev.gpu, **{k: v for k, v in ev.numbers.items() if not isinstance(v, list)}),
+                   sql={k: v.strip() for k, v in device_sql.items()}, recommendation=RECOMMENDATION[ev.kind],
+                   share=1.0)]
+    del e
+    return out
+
+
+def add_device_evidence(found, ev, device_sql):
+    """A straggler's GPU that also reports why (a slow GPU in the blocking style): its evidence goes into
+    the gpu-slow finding of that node (summary, numbers, SQL, recommendation); else an info finding."""
+    from .devices import RECOMMENDATION
+    slow = next((f for f in found if f.cause == "gpu-slow" and f.node == ev.node), None)
+    words = f"its GPU {ev.gpu} says why — {DEVICE_WORDS[ev.kind].lower()}: {ev.detail}"
+    if slow is not None:
+        slow.summary += f"; {words}"
+        slow.numbers.update({f"gpu.{k}": v for k, v in ev.numbers.items() if not isinstance(v, list)},
+                            gpu=ev.gpu, gpu_evidence=ev.kind)
+        slow.sql.update({k: v.strip() for k, v in device_sql.items()})
+        slow.recommendation = RECOMMENDATION[ev.kind]
+        return
+    found.append(Finding(severity="info", node=ev.node, cause=ev.kind, summary=f"{ev.node}: {words}",
+                         numbers=dict(gpu=ev.gpu), sql={k: v.strip() for k, v in device_sql.items()},
+                         recommendation=RECOMMENDATION[ev.kind], share=0.0))
+
+
+def device_warning(ev, device_sql, why):
+    """A GPU's evidence where the job did not slow down: a warning, never a straggler."""
+    from .devices import RECOMMENDATION
+    return Finding(severity="warning", node=ev.node, cause=ev.kind,
+                   summary=f"{DEVICE_WORDS[ev.kind]} on {ev.node} GPU {ev.gpu}, {why}: {ev.detail}",
+                   numbers=dict(gpu=ev.gpu, **{k: v for k, v in ev.numbers.items() if not isinstance(v, list)}),
+                   sql={k: v.strip() for k, v in device_sql.items()}, recommendation=RECOMMENDATION[ev.kind],
+                   share=0.0)
 
 
 def _rank_list(ranks):

@@ -399,6 +399,21 @@ def judge_window(series, analysis):
     return judge(series, e, [e], analysis)
 
 
+def judge_device(series, run, ev, keys, rates, ref, judged_analysis=None):
+    """An episode named by a GPU's own word over a job-slow run (devices.job_slow_runs): its node, the
+    ranks on that GPU, and the job's slowdown there against its best rate."""
+    e = Episode(node=ev.node, keys=list(keys), start=run.start, end=run.end, runs={k: run for k in keys},
+                mean_gap=run.mean_gap, lead=keys[0] if keys else None, start_ns=series.bin_start(run.start),
+                end_ns=series.bin_start(run.end))
+    last = max((max(u) for u in (usable(series, k) for k in series.ranks) if u), default=series.n_bins - 1)
+    e.reaches_end = e.end > last
+    during = [r for r in rates[run.start:run.end] if r]
+    j = Judged(episode=e, analysis=judged_analysis, nodes=[ev.node], recent_bins=list(range(run.start, run.end)))
+    j.slowdown = max(1.0, ref / statistics.median(during)) if during and ref else 1.0
+    j.lost_s = len(j.recent_bins) * series.bin_ns / 1e9 * (1.0 - 1.0 / j.slowdown)
+    return j
+
+
 def _iso(ns):
     import datetime
     return datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc).isoformat(timespec="milliseconds")

@@ -1,0 +1,322 @@
+"""Whose GPU: what each GPU said about itself over a time (the agent's NVML samples and the driver's Xid
+errors), per rank. With collectives that only enqueue (NCCL on GPUs) every rank waits in synchronize
+alike when one GPU is slow: the host's call timings cannot tell whose it is, the device can.
+
+The kinds of evidence, each a cause class of its own:
+  gpu-errors     Xid errors, new uncorrected ECC errors, a failed or pending row remap, a GPU that stopped
+                 answering NVML ('GPU is lost')
+  gpu-link       its PCIe link below the generation or width it can do while it works, NVLink errors growing
+  gpu-throttled  clock-event (throttle) reasons that slow it — power cap, thermal, hardware slowdown — in
+                 most of its samples, or its SM clock well below the other GPUs'
+A GPU is named only when its evidence stands out: the devices must not all look alike (a fleet-wide
+power cap names nobody). Pure rules over rows, with the SQL beside them; nothing here writes.
+"""
+import statistics
+from dataclasses import dataclass, field
+
+from ...devices.nvml import CLOCK_EVENTS, SLOWDOWN_EVENTS
+from .sql import values_cte
+
+KINDS = ("gpu-errors", "gpu-link", "gpu-throttled")
+THROTTLED_SHARE = 0.5          # a GPU is throttled when slowing reasons hold in this share of its samples ...
+CLOCK_DROP = 0.85              # ... or its SM clock (share of its maximum) is below this x the other GPUs' median
+BUSY_UTIL_PCT = 10             # a link is judged while the GPU works (an idle link may drop its generation)
+LINK_SHARE = 0.5
+MAX_ALIKE = 0.5                # more than this share of the GPUs with the same kind: they all look alike
+RECOMMENDATION = {
+    "gpu-throttled": ("cooling or power: check the GPU's temperature and fans (nvidia-smi -q -d TEMPERATURE,"
+                      "PERFORMANCE), its power cap (nvidia-smi -q -d POWER; a lowered limit), the node's airflow; "
+                      "drain it if it stays throttled"),
+    "gpu-link": ("reseat or replace: its PCIe link trained below its generation/width (a loose riser or cable, a "
+                 "bad slot) or its NVLinks report errors (nvidia-smi nvlink -e); drain the node and service it"),
+    "gpu-errors": ("drain the node and reset the GPU (nvidia-smi -r, or a reboot); service it if the errors come "
+                   "back (Xid meanings: docs/devices.md)"),
+}
+SAMPLE_COLUMNS = """COUNT(*) AS samples,
+       SUM((s.clock_events & {slow}) != 0) AS throttled,
+       GROUP_CONCAT(DISTINCT NULLIF(s.clock_event_names, '')) AS reasons,
+       AVG(s.sm_clock_mhz * 1.0 / NULLIF(s.sm_clock_max_mhz, 0)) AS clock_ratio,
+       AVG(s.sm_clock_mhz) AS sm_clock_mhz, MAX(s.sm_clock_max_mhz) AS sm_clock_max_mhz,
+       MAX(s.temperature_c) AS temperature_c, AVG(s.power_mw * 1.0 / NULLIF(s.power_limit_mw, 0)) AS power_ratio,
+       SUM(s.util_gpu_pct >= {busy}) AS busy,
+       SUM(s.util_gpu_pct >= {busy} AND (s.pcie_gen < s.pcie_gen_max OR s.pcie_width < s.pcie_width_max)) AS link_low,
+       MIN(s.pcie_gen) AS pcie_gen, MAX(s.pcie_gen_max) AS pcie_gen_max,
+       MIN(s.pcie_width) AS pcie_width, MAX(s.pcie_width_max) AS pcie_width_max,
+       MAX(s.nvlink_replay_errors) - MIN(s.nvlink_replay_errors) + MAX(s.nvlink_recovery_errors)
+         - MIN(s.nvlink_recovery_errors) + MAX(s.nvlink_crc_errors) - MIN(s.nvlink_crc_errors) AS nvlink_errors,
+       MAX(s.ecc_uncorrected) - MIN(s.ecc_uncorrected) AS ecc_uncorrected_new,
+       MAX(s.remap_pending) AS remap_pending, MAX(s.remap_failure) AS remap_failure,
+       SUM(s.read_error IS NOT NULL) AS read_errors, MAX(s.read_error) AS read_error"""
+
+
+@dataclass
+class GpuEvidence:
+    node: str
+    gpu: int
+    kind: str = None               # one of KINDS, the gravest it shows; None: nothing
+    detail: str = ""               # what it said, in words
+    numbers: dict = field(default_factory=dict)
+
+    @property
+    def key(self):
+        return (self.node, self.gpu)
+
+
+def _ranges_cte(ranges):
+    return values_cte("tw", ("node", "lo", "hi"), sorted(ranges))
+
+
+def samples_sql(ranges):
+    """Each GPU's samples over per-node time ranges [(node, lo, hi)] on its clock, summed."""
+    return f"""
+WITH {_ranges_cte(ranges)}
+SELECT s.node, s.gpu, {SAMPLE_COLUMNS.format(slow=SLOWDOWN_EVENTS, busy=BUSY_UTIL_PCT)}
+FROM tw JOIN gpu_samples s ON s.node = tw.node AND s.ts >= tw.lo AND s.ts < tw.hi
+GROUP BY s.node, s.gpu
+ORDER BY s.node, s.gpu"""
+
+
+def errors_sql(ranges):
+    """The driver's Xid errors (from the kernel, not written by a program) over the same ranges."""
+    return f"""
+WITH {_ranges_cte(ranges)}
+SELECT e.node, e.gpu, e.pci_bus_id, e.xid, MIN(e.meaning) AS meaning, COUNT(*) AS count, MIN(e.ts) AS first_ts
+FROM tw JOIN gpu_errors e ON e.node = tw.node AND e.ts >= tw.lo AND e.ts < tw.hi
+WHERE e.origin = 'kernel'
+GROUP BY e.node, e.gpu, e.pci_bus_id, e.xid
+ORDER BY e.node, e.gpu, e.xid"""
+
+
+GPU_OF_PROCESS = """
+SELECT node, pid, gpu, MIN(rank) AS rank, MIN(how) AS how
+FROM gpu_processes
+GROUP BY node, pid, gpu
+ORDER BY node, pid, gpu"""
+
+
+DEVICE_TABLES = """
+SELECT COUNT(*) AS tables FROM pragma_table_list WHERE name IN ('gpu_samples', 'gpu_errors', 'gpu_processes')"""
+
+
+def has_device_tables(runner):
+    """Whether every store has the device tables (schema 3; an older agent's has none: then device
+    evidence is left out, never an error). A store without a GPU has them, empty."""
+    rows = runner.rows(DEVICE_TABLES)
+    return bool(rows) and all(int(r["tables"] or 0) == 3 for r in rows)
+
+
+def gpus_of(process_rows, span_rows):
+    """{(node, pid): [gpu, ...]} — what NVML or the device files say each process uses; a rank the agent
+    saw no GPU of uses the GPU of its local rank, as torchrun sets them up, when that GPU exists."""
+    out = {}
+    for r in process_rows:
+        out.setdefault((r["node"], int(r["pid"])), [])
+        if r["gpu"] not in out[(r["node"], int(r["pid"]))]:
+            out[(r["node"], int(r["pid"]))].append(int(r["gpu"]))
+    for r in span_rows:
+        key = (r["node"], int(r["pid"]))
+        if key not in out and r.get("local_rank") is not None:
+            out[key] = [int(r["local_rank"])]
+    return out
+
+
+def _reasons(text):
+    names = {n for part in (text or "").split(",") for n in part.split(",") if n}
+    slow = {name for bit, name in CLOCK_EVENTS if bit & SLOWDOWN_EVENTS}
+    return sorted(names & slow)
+
+
+def judge(sample_rows, error_rows):
+    """{(node, gpu): GpuEvidence} for every GPU with samples or errors: its gravest kind (or None)."""
+    out = {}
+    for r in sample_rows:
+        out[(r["node"], int(r["gpu"]))] = GpuEvidence(r["node"], int(r["gpu"]))
+    ratios = {(r["node"], int(r["gpu"])): r["clock_ratio"] for r in sample_rows if r["clock_ratio"] is not None}
+    xids = {}
+    for r in error_rows:
+        if r["gpu"] is None:
+            continue
+        xids.setdefault((r["node"], int(r["gpu"])), []).append(r)
+    for key, ev in out.items():
+        r = next(x for x in sample_rows if (x["node"], int(x["gpu"])) == key)
+        samples = int(r["samples"] or 0)
+        found = []
+        errs = xids.get(key, [])
+        lost = int(r["read_errors"] or 0) and "lost" in (r["read_error"] or "").lower()
+        if errs or (r["ecc_uncorrected_new"] or 0) > 0 or r["remap_failure"] or r["remap_pending"] or lost:
+            words = [f"Xid {x['xid']} ×{x['count']} ({x['meaning'] or 'see the driver docs'})" for x in errs]
+            if (r["ecc_uncorrected_new"] or 0) > 0:
+                words.append(f"{r['ecc_uncorrected_new']} new uncorrected ECC errors")
+            if r["remap_failure"]:
+                words.append("a row remap failed")
+            elif r["remap_pending"]:
+                words.append("a row remap waits for a reset")
+            if lost:
+                words.append(f"NVML: {r['read_error']}")
+            found.append(("gpu-errors", "; ".join(words)))
+            ev.numbers.update(xids=sorted({int(x["xid"]) for x in errs}),
+                              ecc_uncorrected_new=int(r["ecc_uncorrected_new"] or 0))
+        busy = int(r["busy"] or 0)
+        if (busy and (r["link_low"] or 0) >= LINK_SHARE * busy) or (r["nvlink_errors"] or 0) > 0:
+            words = []
+            if busy and (r["link_low"] or 0) >= LINK_SHARE * busy:
+                words.append(f"PCIe at gen {r['pcie_gen']} x{r['pcie_width']} of gen {r['pcie_gen_max']} "
+                             f"x{r['pcie_width_max']} in {r['link_low'] / busy:.0%} of its busy samples")
+            if (r["nvlink_errors"] or 0) > 0:
+                words.append(f"{r['nvlink_errors']} NVLink errors (replays, recoveries, CRC)")
+            found.append(("gpu-link", "; ".join(words)))
+            ev.numbers.update(pcie_gen=r["pcie_gen"], pcie_width=r["pcie_width"], nvlink_errors=r["nvlink_errors"])
+        others = [v for k, v in ratios.items() if k != key]
+        ratio = ratios.get(key)
+        share = (r["throttled"] or 0) / samples if samples else 0.0
+        dropped = ratio is not None and others and ratio < CLOCK_DROP * statistics.median(others)
+        if share >= THROTTLED_SHARE or dropped:
+            reasons = _reasons(r["reasons"])
+            words = [f"clock-event reasons {', '.join(reasons) or 'none'} in {share:.0%} of {samples} samples"]
+            if ratio is not None:
+                words.append(f"SM clock {r['sm_clock_mhz']:.0f} of {r['sm_clock_max_mhz']} MHz ({ratio:.0%}"
+                             + (f" vs {statistics.median(others):.0%} on the other GPUs)" if others else ")"))
+            if r["temperature_c"] is not None:
+                words.append(f"up to {r['temperature_c']} °C")
+            found.append(("gpu-throttled", "; ".join(words)))
+            ev.numbers.update(throttled_share=round(share, 3), reasons=reasons,
+                              clock_ratio=None if ratio is None else round(ratio, 3),
+                              others_clock_ratio=round(statistics.median(others), 3) if others else None)
+        ev.numbers["samples"] = samples
+        if found:
+            ev.kind = min(found, key=lambda kd: KINDS.index(kd[0]))[0]
+            ev.detail = "; ".join(words for _, words in sorted(found, key=lambda kd: KINDS.index(kd[0])))
+    return out
+
+
+def standing_out(evidence):
+    """The GPUs whose evidence stands out: its kind is on at most MAX_ALIKE of all the GPUs seen (a
+    fleet-wide condition — every GPU capped, or every link at gen 3 — names nobody)."""
+    total = len(evidence)
+    if total < 2:
+        return []
+    by_kind = {}
+    for ev in evidence.values():
+        if ev.kind:
+            by_kind.setdefault(ev.kind, []).append(ev)
+    out = []
+    for kind, evs in by_kind.items():
+        if len(evs) / total <= MAX_ALIKE:
+            out.extend(evs)
+    return sorted(out, key=lambda ev: (KINDS.index(ev.kind), ev.node, ev.gpu))
+
+
+def alike(evidence):
+    """The kinds every (more than MAX_ALIKE of the) GPU(s) show alike: {kind: [GpuEvidence]}."""
+    total = len(evidence)
+    by_kind = {}
+    for ev in evidence.values():
+        if ev.kind:
+            by_kind.setdefault(ev.kind, []).append(ev)
+    return {k: v for k, v in by_kind.items() if total and len(v) / total > MAX_ALIKE}
+
+
+def label(ev):
+    return f"{ev.node} GPU {ev.gpu}"
+
+
+PROCESS_RANKS = """
+SELECT node, pid, MIN(rank) AS rank, MIN(local_rank) AS local_rank
+FROM processes
+WHERE rank IS NOT NULL
+GROUP BY node, pid
+ORDER BY node, pid"""
+
+
+def over(runner, series, lo_bin, hi_bin):
+    """Every GPU's evidence over bins [lo_bin, hi_bin) of the series (each node's clock) ->
+    ({(node, gpu): GpuEvidence}, {"gpu_samples": sql, "gpu_errors": sql})."""
+    ranges = [(node, series.to_node(node, series.bin_start(lo_bin)), series.to_node(node, series.bin_start(hi_bin)))
+              for node in sorted(series.clocks)]
+    texts = {"gpu_samples": samples_sql(ranges), "gpu_errors": errors_sql(ranges)}
+    return judge(runner.rows(texts["gpu_samples"]), runner.rows(texts["gpu_errors"])), texts
+
+
+def device_series_sql(series):
+    """Every GPU's samples and errors per bin of the series (fleet time, like the ranks' series)."""
+    rows = sorted((node, c.offset_ns) for node, c in series.clocks.items())
+    at = f"(s.ts + clk.off - {int(series.t0_ns)}) / {int(series.bin_ns)}"
+    return f"""
+WITH {values_cte("clk", ("node", "off"), rows)}
+SELECT s.node, s.gpu, {at} AS bin, COUNT(*) AS samples, SUM((s.clock_events & {SLOWDOWN_EVENTS}) != 0) AS throttled,
+       SUM(s.util_gpu_pct >= {BUSY_UTIL_PCT}) AS busy,
+       SUM(s.util_gpu_pct >= {BUSY_UTIL_PCT} AND (s.pcie_gen < s.pcie_gen_max OR s.pcie_width < s.pcie_width_max))
+         AS link_low,
+       SUM(s.read_error IS NOT NULL AND s.read_error LIKE '%lost%') AS lost
+FROM gpu_samples s JOIN clk ON clk.node = s.node
+WHERE s.ts + clk.off >= {int(series.t0_ns)}
+GROUP BY s.node, s.gpu, bin
+ORDER BY s.node, s.gpu, bin"""
+
+
+def device_errors_sql(series):
+    rows = sorted((node, c.offset_ns) for node, c in series.clocks.items())
+    return f"""
+WITH {values_cte("clk", ("node", "off"), rows)}
+SELECT e.node, e.gpu, (e.ts + clk.off - {int(series.t0_ns)}) / {int(series.bin_ns)} AS bin, COUNT(*) AS errors
+FROM gpu_errors e JOIN clk ON clk.node = e.node
+WHERE e.origin = 'kernel' AND e.gpu IS NOT NULL AND e.ts + clk.off >= {int(series.t0_ns)}
+GROUP BY e.node, e.gpu, bin
+ORDER BY e.node, e.gpu, bin"""
+
+
+def device_runs(sample_rows, error_rows, min_bins=2):
+    """Where each GPU said something, bin by bin: {(node, gpu): [(start, end, kind)]} — runs of bins in
+    which it was throttled or its link low for most of its samples (min_bins or more, one-bin gaps
+    bridged), or it had an error (a run of its own, however short)."""
+    flags = {}
+    for r in sample_rows:
+        n = int(r["samples"] or 0)
+        kind = None
+        if r["lost"]:
+            kind = "gpu-errors"
+        elif r["busy"] and (r["link_low"] or 0) >= LINK_SHARE * r["busy"]:
+            kind = "gpu-link"
+        elif n and (r["throttled"] or 0) >= THROTTLED_SHARE * n:
+            kind = "gpu-throttled"
+        if kind:
+            flags.setdefault((r["node"], int(r["gpu"])), {})[int(r["bin"])] = kind
+    for r in error_rows:
+        flags.setdefault((r["node"], int(r["gpu"])), {})[int(r["bin"])] = "gpu-errors"
+    out = {}
+    for key, bins in flags.items():
+        runs = []
+        for b in sorted(bins):
+            kind = bins[b]
+            if runs and runs[-1][2] == kind and b <= runs[-1][1] + 1:
+                runs[-1] = (runs[-1][0], b + 1, kind)
+            else:
+                runs.append((b, b + 1, kind))
+        out[key] = [r for r in runs if r[2] == "gpu-errors" or r[1] - r[0] >= min_bins]
+    return out
+
+
+def job_rate(series):
+    """The job's step rate per bin: the median over ranks of their calling thread's calls per second
+    (None where fewer than two ranks have a usable bin)."""
+    from .timeline import usable
+    ok = {k: usable(series, k) for k in series.ranks}
+    out = []
+    for b in range(series.n_bins):
+        rates = [rts[b].calls / (rts[b].wall_ns / 1e9) for k, rts in series.ranks.items()
+                 if b in ok[k] and rts[b].wall_ns]
+        out.append(statistics.median(rates) if len(rates) >= 2 else None)
+    return out
+
+
+def job_slow_runs(series, eopts):
+    """Where the whole job ran slower than it does at its best (its step rate below the trace's upper
+    quartile by min_gap or more), whoever waits: [episodes.Run] with mean_gap = the rate's drop."""
+    from . import episodes as ep
+    rates = job_rate(series)
+    known = sorted(r for r in rates if r is not None)
+    if len(known) < 4:
+        return [], rates, None
+    ref = known[int(0.75 * (len(known) - 1))]
+    drops = [None if r is None else 1.0 - r / ref for r in rates]
+    return ep.straggling_runs(drops, eopts), rates, ref

@@ -1,0 +1,72 @@
+"""Whose GPU: explain names a slow GPU by the device's own word (the agent's NVML samples and the
+driver's Xid errors), on synthetic stores of a whole job (straggler_lab.series, with its device tables).
+
+What a user would notice: with collectives that only enqueue, every rank waits in synchronize alike when
+one GPU is slow — the calls cannot tell whose it is; the GPU that alone reports throttling, a degraded
+link or errors is named, with its cause class and a recommendation of that kind. Every GPU alike names
+nobody (a fleet condition, said as a warning); a GPU's evidence without any slowdown of the job is a
+warning, never a straggler; in the blocking style the evidence is added to gpu-slow.
+"""
+import pytest
+
+from straggler.analysis import explain
+from straggler_lab import series
+
+
+def explained(tmp_path, faults, style="enqueue", seconds=600):
+    path = str(tmp_path / "cluster.db")
+    series.write_cluster(path, series.SeriesSpec(seconds=seconds, style=style, gpus=True, faults=faults))
+    return explain.explain_db(path)
+
+
+def gpu_fault(node, device, slow=1.6, start_s=200, end_s=400):
+    return series.Fault(node=node, start_s=start_s, end_s=end_s, kind="gpu", slow=slow, device=device)
+
+
+@pytest.mark.parametrize("device, cause, words", [
+    ("throttle", "gpu-throttled", "hw_thermal_slowdown"),
+    ("link", "gpu-link", "PCIe at gen 3 x8 of gen 5 x16"),
+    ("xid", "gpu-errors", "Xid 79"),
+])
+def test_the_gpu_that_alone_says_why_is_named_with_its_kind(tmp_path, device, cause, words):
+    report = explained(tmp_path, [gpu_fault(2, device)])
+    assert report.straggler == "gpu-node-03", report.findings
+    top = explain.top_cause(report, "gpu-node-03")
+    assert top.cause == cause and words in top.summary
+    assert top.recommendation and top.sql["gpu_samples"]                # what to do, and the SQL behind it
+    (episode,) = report.episodes
+    assert episode["node"] == "gpu-node-03" and [r["rank"] for r in episode["ranks"]] == [2]
+    assert abs(episode["start_ns"] - (series.REFERENCE_T0_NS + 200 * 10**9)) <= 3 * 10**9
+    assert episode["slowdown"] > 1.2
+
+
+def test_every_gpu_throttled_alike_names_nobody_and_says_it_is_the_fleet(tmp_path):
+    report = explained(tmp_path, [gpu_fault(n, "throttle") for n in range(4)])
+    assert report.straggler is None and report.episodes == []
+    (warning,) = [f for f in report.findings if f.cause == "gpu-throttled"]
+    assert warning.severity == "warning" and "3 other GPU(s) alike" in warning.summary
+
+
+def test_a_gpus_evidence_without_a_slowdown_is_a_warning_not_a_straggler(tmp_path):
+    report = explained(tmp_path, [gpu_fault(3, "throttle", slow=1.0)])
+    assert report.straggler is None
+    (warning,) = [f for f in report.findings if f.cause == "gpu-throttled"]
+    assert warning.severity == "warning" and warning.node == "gpu-node-04"
+    assert "did not slow down" in warning.summary
+
+
+def test_in_the_blocking_style_the_evidence_goes_into_gpu_slow(tmp_path):
+    report = explained(tmp_path, [gpu_fault(0, "throttle")], style="blocking")
+    top = explain.top_cause(report, "gpu-node-01")
+    assert report.straggler == "gpu-node-01" and top.cause == "gpu-slow"
+    assert "its GPU 0 says why" in top.summary and top.numbers["gpu_evidence"] == "gpu-throttled"
+    assert "cooling" in top.recommendation
+
+
+def test_a_store_without_device_samples_explains_as_before(tmp_path):
+    path = str(tmp_path / "cluster.db")
+    series.write_cluster(path, series.SeriesSpec(seconds=600, style="enqueue", gpus=False,
+                                                 faults=[gpu_fault(2, "throttle")]))
+    report = explain.explain_db(path)
+    assert report.straggler is None                     # enqueue: the calls alone cannot tell whose GPU
+    assert not [f for f in report.findings if f.cause in ("gpu-throttled", "gpu-link", "gpu-errors")]
