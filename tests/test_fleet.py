@@ -20,7 +20,7 @@ from test_api_helpers import (AGENT_ADDRESSES, EXTRA_ADDRESSES, REPO, SKEWED_ADD
 from straggler.api.server import start_background
 from straggler.clock import estimate_offset, mono_to_real, offset_of_pairs
 from straggler.errors import StragglerError
-from straggler.fleet.client import (EXIT_ALL_ANSWERED, EXIT_NONE_ANSWERED, EXIT_PARTIAL, fleet_query,
+from straggler.fleet.client import (EXIT_ALL_ANSWERED, EXIT_NONE_ANSWERED, EXIT_PARTIAL, LiveFeed, fleet_query,
                                     offset_is_flagged, parse_nodes)
 
 NODE_NAMES = [f"gpu-node-{i + 1:02d}" for i in range(len(AGENT_ADDRESSES))]
@@ -215,6 +215,102 @@ def test_an_agent_whose_wall_clock_is_2_5s_ahead_is_measured_within_1ms(certs, f
     assert abs(offset_ns - 2_500_000_000) < 1_000_000, f"offset {offset_ns} ns ± {uncertainty_ns}"
     assert 0 < uncertainty_ns < 1_000_000_000
     assert skewed.offset_flagged, "2.5 s is above the 5 ms threshold"
+
+
+# ---------------------------------------------------------------- a node cannot answer as another
+
+@pytest.fixture
+def impostor(certs, fleet, tmp_path):
+    """An agent on another address that names itself `gpu-node-01` (the fleet's first node) over a
+    store of its own (gpu-node-07's rows). Yields its address."""
+    db = tmp_path / "impostor.db"
+    make_node_db(db, "gpu-node-07", 3)
+    handle = start_background(str(db), node="gpu-node-01", listen=f"{EXTRA_ADDRESSES[1]}:0",
+                              tls=certs.server(EXTRA_ADDRESSES[1]))
+    try:
+        yield f"{EXTRA_ADDRESSES[1]}:{handle.port}"
+    finally:
+        handle.stop()
+
+
+def test_two_addresses_answering_as_one_node_are_both_refused(certs, fleet, impostor):
+    """Which of the two is gpu-node-01 cannot be told from their answers: neither's rows are taken,
+    each says why in one line, the other nodes answer as before (before: both sets of rows came back
+    as gpu-node-01's, with a note)."""
+    addresses, expected = fleet
+    result = fleet_query(addresses + [impostor], COUNT_SQL, certs.client(), timeout_s=10, deadline_s=20)
+    status = {n.address: n for n in result.nodes}
+    for address in (addresses[0], impostor):
+        assert status[address].status == "wrong-node" and status[address].node is None
+        assert status[address].message == (f"{addresses[0]}, {impostor} all answered as node gpu-node-01; refusing "
+                                           f"each: a node cannot answer as another (give each agent its own --node, "
+                                           f"or say which node each address is)")
+    assert _by_node(result) == {name: expected[name] for name in NODE_NAMES[1:]}
+    assert "gpu-node-01" not in result.offsets
+    assert result.exit_code == EXIT_PARTIAL
+
+
+def test_an_answer_naming_another_node_than_the_address_is_refused(certs, fleet, impostor):
+    """Told which node each address is (an inventory's names), the impostor alone is refused and
+    the real gpu-node-01 answers."""
+    addresses, expected = fleet
+    result = fleet_query(addresses + [impostor], COUNT_SQL, certs.client(), clock_samples=0,
+                         expected_nodes={impostor: "gpu-node-07", addresses[0]: "gpu-node-01"})
+    refused = result.nodes[-1]
+    assert (refused.status, refused.node) == ("wrong-node", None)
+    assert refused.message == (f"{impostor} answered as node 'gpu-node-01', but it is gpu-node-07; refusing its "
+                               f"answer: a node cannot answer as another")
+    assert _by_node(result) == expected
+    # the watch's feed: the node an address is, given or first answered, is the node it stays
+    assert LiveFeed(impostor, certs.client(), expected_node="gpu-node-07").get()[0].status == "wrong-node"
+    feed = LiveFeed(impostor, certs.client())
+    assert (feed.get()[0].status in ("ok", "empty"), feed.node) == (True, "gpu-node-01")
+    with pytest.raises(StragglerError, match="a node is expected at 127.0.0.99:1 but it is not one of the nodes"):
+        fleet_query(addresses, COUNT_SQL, certs.client(), expected_nodes={"127.0.0.99:1": "x"})
+
+
+def test_rows_of_another_node_in_an_answer_are_refused(certs, fleet, tmp_path):
+    """An agent that answers as gpu-node-09 with rows whose node column says gpu-node-02."""
+    addresses, expected = fleet
+    db = tmp_path / "relabelled.db"
+    make_node_db(db, "gpu-node-02", 1)
+    handle = start_background(str(db), node="gpu-node-09", listen=f"{EXTRA_ADDRESSES[2]}:0",
+                              tls=certs.server(EXTRA_ADDRESSES[2]))
+    address = f"{EXTRA_ADDRESSES[2]}:{handle.port}"
+    try:
+        by_node = fleet_query(addresses[2:] + [address], "SELECT node, count(*) AS n FROM events GROUP BY node",
+                              certs.client(), clock_samples=0)
+        plain = fleet_query([address], "SELECT count(*) AS n FROM events", certs.client(), clock_samples=0)
+    finally:
+        handle.stop()
+    refused = by_node.nodes[-1]
+    assert refused.status == "wrong-node"
+    assert refused.message == (f"{address} (node gpu-node-09) answered rows of node 'gpu-node-02'; refusing its "
+                               f"answer: a node cannot answer for another")
+    assert sorted(by_node.rows) == [["gpu-node-03", 18], ["gpu-node-04", 24]]
+    assert plain.rows == [["gpu-node-09", 12]]     # no node column selected: its rows are its own
+
+
+def test_a_node_named_with_markup_and_escapes_is_refused_and_shown_as_text(certs, tmp_path):
+    db = tmp_path / "hostile.db"
+    make_node_db(db, "gpu-node-01", 0)
+    handle = start_background(str(db), node="[/bold]\x1b[2J", listen=f"{EXTRA_ADDRESSES[3]}:0",
+                              tls=certs.server(EXTRA_ADDRESSES[3]))
+    address = f"{EXTRA_ADDRESSES[3]}:{handle.port}"
+    try:
+        result = fleet_query([address], COUNT_SQL, certs.client(), clock_samples=0)
+        cli = subprocess.run([sys.executable, "-m", "straggler.cli", "fleet", "query", "--nodes", address,
+                              "--clock-samples", "0"] + certs.tls_args(certs.client()) + [COUNT_SQL],
+                             capture_output=True, text=True, timeout=60, env=venv_env(), cwd=REPO)
+        live_status, live_answer, _ = LiveFeed(address, certs.client()).get()
+    finally:
+        handle.stop()
+    assert result.nodes[0].status == "wrong-node" and result.rows == []
+    assert result.nodes[0].message == (f"{address} answered as node '[/bold]\\x1b[2J', not a node name without "
+                                       f"control characters; refusing its answer")
+    assert cli.returncode == EXIT_NONE_ANSWERED and "Traceback" not in cli.stderr, cli.stderr
+    assert "\x1b" not in cli.stdout and "wrong-node" in cli.stdout and "[/bold]\\x1b[2J" in cli.stdout, cli.stdout
+    assert live_status.status == "wrong-node" and live_answer is None        # the watch's feed refuses it too
 
 
 # ---------------------------------------------------------------- the command line

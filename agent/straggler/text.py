@@ -1,10 +1,16 @@
 """Small text rules every layer shares, each written once: SQL literals and identifiers, the
-one-line form of an error, how untrusted text is printed (safe_text), and how bytes, durations and
-shares are shown to people.
+one-line form of an error, how untrusted text is printed (safe_text), what a node name may be
+(node_name_problem: merge and the fleet client check what the nodes say they are by it), and how
+bytes, durations and shares are shown to people.
 
 Pure functions of their arguments: no I/O, no imports from the rest of straggler.
 """
 import re
+import unicodedata
+
+MAX_NODE_NAME = 255
+_UNPRINTABLE_CATEGORIES = ("Cc", "Cf", "Cs", "Zl", "Zp")   # control, format (bidi), surrogates, line breaks
+_NODE_NAME_FORBIDDEN = frozenset(':"\'`\\[]{}')
 
 
 def sql_quote(text):
@@ -54,6 +60,29 @@ def safe_text(value):
     if _UNSAFE_CHARS.search(text) is None:
         return text
     return _UNSAFE_CHARS.sub(_escape_char, text)
+
+
+def has_unprintable(text):
+    """Whether `text` holds a control, format (bidi), surrogate or line-break character."""
+    return any(unicodedata.category(ch) in _UNPRINTABLE_CATEGORIES for ch in text)
+
+
+def node_name_problem(name):
+    """Why `name` cannot be a node name (None when it can): non-empty text of at most MAX_NODE_NAME
+    characters, without whitespace or ':' (event ids are NODE:SEQ, as the agent's --node demands),
+    without quotes, brackets or braces (no JSON or SQL in disguise), and without control, format or
+    line-break characters."""
+    if not isinstance(name, str):
+        return "a node name (text)"
+    if not name:
+        return "a non-empty node name"
+    if len(name) > MAX_NODE_NAME:
+        return f"a node name of at most {MAX_NODE_NAME} characters"
+    if has_unprintable(name):
+        return "a node name without control characters"
+    if any(ch.isspace() or ch in _NODE_NAME_FORBIDDEN for ch in name):
+        return "a node name without spaces, ':', quotes, brackets or braces"
+    return None
 
 
 def one_line(exc, limit=None):

@@ -5,11 +5,17 @@ with the node's own name on every row, a status for every node, and each node's 
   the whole call under `deadline_s` (honoured even for a peer that accepts and never answers:
   the caller never waits on a stuck worker; workers are daemon threads with socket timeouts).
 - Statuses: ok | empty | sql-error | tls-error | forbidden | refused | timeout | truncated |
-  unreachable, each with a one-line message and the latency. Nodes that did not answer stay in the
+  unreachable | wrong-node, each with a one-line message and the latency. Nodes that did not answer stay in the
   result. `forbidden`: the certificate lacks the route's role (403). `truncated`: the answer ended
   short of its Content-Length (the agent cut a reader that was too slow); `timeout`: no answer, or
   an answer that stalled, within the time limit. An answer capped by the agent (rows or bytes) is
   `ok` with truncated=True and says which cap.
+- A node cannot answer as another (`wrong-node`, its rows dropped, one line saying why): each
+  answer must name its node (a node name by straggler.text.node_name_problem), the node expected
+  at that address when the caller knows it (`expected_nodes`, e.g. from the inventory); every row
+  of a `node` column the SQL selected must be that node's; two addresses answering as one node
+  are both refused (which one is genuine cannot be told); a clock answer naming another node than
+  the query's gives no offset. The node column of the combined table is always the node asked.
 - Clock offsets, NTP-style (straggler.clock.estimate_offset): while the query runs, a separate
   connection per node exchanges `clock_samples` GET /api/v1/clock requests (more while the query
   is still running and no round trip was short); the sample with the smallest round trip gives
@@ -38,14 +44,15 @@ from typing import Dict, List, Optional, Tuple
 
 from ..clock import estimate_offset
 from ..errors import StragglerError
-from ..text import one_line
+from ..text import node_name_problem, one_line
 from ..tls import TLSOptions, client_context
 from .combine import combine_answers
 # Node addresses (the one rule for an inventory host's agent address) live in fleet/inventory.py;
 # these names stay importable from here.
 from .inventory import DEFAULT_PORT, agent_address, normalize_address, parse_nodes, split_address  # noqa: F401
 
-STATUSES = ("ok", "empty", "sql-error", "tls-error", "forbidden", "refused", "timeout", "truncated", "unreachable")
+STATUSES = ("ok", "empty", "sql-error", "tls-error", "forbidden", "refused", "timeout", "truncated", "unreachable",
+            "wrong-node")
 ANSWERED = ("ok", "empty")
 EXIT_ALL_ANSWERED = 0
 EXIT_PARTIAL = 3
@@ -268,7 +275,44 @@ def _decode(conn, data):
                                         f"({data[:60]!r}); is it a straggler agent?") from None
 
 
-def _query_node(address, sql, tls, context, limit, timeout_s):
+def _shown(value, limit=60):
+    """A value a node sent, for a one-line message: repr (quotes, escapes), shortened."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def checked_node(address, claimed, expected=None):
+    """The node an answer from `address` names (`claimed`), when it may: a node name, and the
+    `expected` one when the caller knows which node that address is; else _NodeFailure wrong-node."""
+    problem = node_name_problem(claimed)
+    if problem:
+        raise _NodeFailure("wrong-node", f"{address} answered as node {_shown(claimed)}, not {problem}; refusing "
+                                         f"its answer")
+    if expected is not None and claimed != expected:
+        raise _NodeFailure("wrong-node", f"{address} answered as node {_shown(claimed)}, but it is {expected}; "
+                                         f"refusing its answer: a node cannot answer as another")
+    return claimed
+
+
+def _checked_table(address, node, answer):
+    """(columns, rows) of an answer: a list of column names and a list of rows as long; every value
+    of a `node` column (the first, which the combined table keys on) must be `node`."""
+    columns, rows = answer.get("columns"), answer.get("rows")
+    rows = [] if rows is None else rows
+    if (not isinstance(columns, list) or not all(isinstance(c, str) for c in columns) or not isinstance(rows, list)
+            or not all(isinstance(r, list) and len(r) == len(columns) for r in rows)):
+        raise _NodeFailure("sql-error", f"{address} answered with a malformed table (columns and rows of equal "
+                                        f"length expected); is it a straggler agent?")
+    if "node" in columns:
+        at = columns.index("node")
+        other = next((row[at] for row in rows if row[at] != node), node)
+        if other != node:
+            raise _NodeFailure("wrong-node", f"{address} (node {node}) answered rows of node {_shown(other)}; "
+                                             f"refusing its answer: a node cannot answer for another")
+    return columns, rows
+
+
+def _query_node(address, sql, tls, context, limit, timeout_s, expected_node=None):
     started = time.monotonic()
     status = NodeStatus(address=address)
     conn = _Connection(address, tls, context, timeout_s)
@@ -278,10 +322,13 @@ def _query_node(address, sql, tls, context, limit, timeout_s):
         body = json.dumps({"sql": sql, "limit": limit, "timeout_s": round(server_timeout, 3)}).encode()
         code, data = _request(conn, "POST", "/api/v1/query", body=body, plain=context is None)
         answer = _decode(conn, data)
-        status.node = answer.get("node") if isinstance(answer, dict) else None
-        if code == 200 and isinstance(answer, dict) and "columns" in answer:
-            status.columns = list(answer.get("columns") or [])
-            status.rows = answer.get("rows") or []
+        if not isinstance(answer, dict):
+            raise _NodeFailure("sql-error", f"{address} answered with JSON that is not an object "
+                                            f"(HTTP {code}); is it a straggler agent?")
+        if code == 200 or answer.get("node") is not None:
+            status.node = checked_node(address, answer.get("node"), expected_node)
+        if code == 200 and "columns" in answer:
+            status.columns, status.rows = _checked_table(address, status.node, answer)
             status.row_count = len(status.rows)
             status.truncated = bool(answer.get("truncated"))
             status.status = "ok" if status.rows else "empty"
@@ -289,17 +336,21 @@ def _query_node(address, sql, tls, context, limit, timeout_s):
                               + (_truncation_note(answer) if status.truncated else "")
                               if status.rows else "no rows")
         else:
-            message = answer.get("error") if isinstance(answer, dict) else None
-            kind = answer.get("kind") if isinstance(answer, dict) else None
+            message, kind = answer.get("error"), answer.get("kind")
             status.status = ("tls-error" if kind in ("tls-required", "plain-http")
                              else "forbidden" if code == 403 else "sql-error")
             status.message = message or f"HTTP {code} from {address}"
     except _NodeFailure as failure:
         status.status, status.message = failure.status, failure.message
+        if failure.status == "wrong-node":
+            status.node = None
     except Exception as exc:  # never let one node break the call
         status.status, status.message = "unreachable", f"{address}: {one_line(exc)}"
     finally:
         conn.close()
+    if not status.answered:
+        status.__dict__.pop("rows", None)
+        status.__dict__.pop("columns", None)
     status.latency_ms = round((time.monotonic() - started) * 1000.0, 3)
     return status
 
@@ -371,17 +422,54 @@ def _run_pool(tasks, workers, results, name):
         threading.Thread(target=worker, name=f"straggler-{name}-{index}", daemon=True).start()
 
 
+def _expected_per_address(addresses, expected_nodes):
+    """{address: node} from {address as given: node}; StragglerError for a name that is no node name
+    or an address that is not one of the nodes asked."""
+    expected = {}
+    for address, node in (expected_nodes or {}).items():
+        key = normalize_address(address)
+        if key not in addresses:
+            raise StragglerError(f"a node is expected at {address} but it is not one of the nodes asked")
+        problem = node_name_problem(node)
+        if problem:
+            raise StragglerError(f"the node expected at {address} is {_shown(node)}; expected {problem}")
+        expected[key] = node
+    return expected
+
+
+def _refuse_shared_names(ordered):
+    """Two or more addresses that answered as one node: each refused (wrong-node), its rows dropped."""
+    by_node = {}
+    for status in ordered:
+        if status.answered:
+            by_node.setdefault(status.node, []).append(status)
+    for node, holders in by_node.items():
+        if len(holders) < 2:
+            continue
+        addresses = ", ".join(s.address for s in holders)
+        for status in holders:
+            status.status, status.node, status.row_count = "wrong-node", None, 0
+            status.message = (f"{addresses} all answered as node {node}; refusing each: a node cannot answer as "
+                              f"another (give each agent its own --node, or say which node each address is)")
+            status.__dict__.pop("rows", None)
+            status.__dict__.pop("columns", None)
+
+
 def fleet_query(nodes, sql, tls=None, limit=10000, timeout_s=5.0, deadline_s=15.0, concurrency=32,
-                clock_samples=5, offset_threshold_ms=DEFAULT_OFFSET_THRESHOLD_MS, on_progress=None) -> FleetResult:
+                clock_samples=5, offset_threshold_ms=DEFAULT_OFFSET_THRESHOLD_MS, on_progress=None,
+                expected_nodes=None) -> FleetResult:
     """Run `sql` on every node's agent concurrently; see the module docstring.
 
     nodes: 'h:p,…', a file, or a list (see parse_nodes). tls: TLSOptions (default files).
     on_progress(done, total, node_status): called in the caller's thread as each node's query ends.
+    expected_nodes: {address: node name}, the node each address is (an inventory host's node name),
+    where the caller knows it: an answer naming another node is refused (wrong-node).
     Raises StragglerError only for bad arguments or unusable TLS files; node failures are statuses.
     """
     started = time.monotonic()
     deadline_at = started + float(deadline_s)
     addresses = parse_nodes(nodes)
+    expected = _expected_per_address(addresses, expected_nodes)
     tls = tls or TLSOptions()
     if float(timeout_s) <= 0 or float(deadline_s) <= 0:
         raise StragglerError("--timeout and --deadline must be more than 0 seconds")
@@ -393,7 +481,7 @@ def fleet_query(nodes, sql, tls=None, limit=10000, timeout_s=5.0, deadline_s=15.
     def query_task(index, address):
         query_running[index].set()
         try:
-            return _query_node(address, sql, tls, context, int(limit), per_node_s)
+            return _query_node(address, sql, tls, context, int(limit), per_node_s, expected.get(address))
         finally:
             query_running[index].clear()
 
@@ -444,11 +532,19 @@ def fleet_query(nodes, sql, tls=None, limit=10000, timeout_s=5.0, deadline_s=15.
 
     threshold_ns = int(float(offset_threshold_ms) * 1e6)
     ordered = [statuses[i] for i in range(len(addresses))]
+    _refuse_shared_names(ordered)
     offsets = {}
     for index, status in enumerate(ordered):
         clock_node, samples = clocks.get(index, (None, []))
+        if status.status == "wrong-node":
+            continue                                   # no offset for an address that answers as another
         if status.node is None and clock_node:
-            status.node = clock_node
+            try:                                       # a node whose query failed: named by its clock answers
+                status.node = checked_node(status.address, clock_node, expected.get(status.address))
+            except _NodeFailure:
+                continue
+        if clock_node != status.node:
+            continue                                   # its clock answers named another node: no offset
         if samples:
             try:
                 offset_ns, uncertainty_ns = estimate_offset(samples)
@@ -469,15 +565,11 @@ def fleet_query(nodes, sql, tls=None, limit=10000, timeout_s=5.0, deadline_s=15.
 def _combine(ordered):
     """One table from the answering nodes, by the one rule in fleet/combine.py (the union of their
     columns, lined up by name, `node` first unless the SQL selected it); a node whose columns
-    differ keeps its rows and says so in its message."""
+    differ keeps its rows and says so in its message. Each answering node's name was checked
+    (checked_node, _refuse_shared_names): one node, one address."""
     answering = [status for status in ordered if status.answered]
-    names_seen = {}
-    for status in answering:
-        if status.node in names_seen:
-            status.message += f"; the same node name as {names_seen[status.node]}"
-        names_seen.setdefault(status.node, status.address)
     columns, rows, notes = combine_answers(
-        (status.node or status.address, getattr(status, "columns", None) or [], getattr(status, "rows", None) or [])
+        (status.node, getattr(status, "columns", None) or [], getattr(status, "rows", None) or [])
         for status in answering)
     for status, note in zip(answering, notes):
         if note:
@@ -491,10 +583,13 @@ class LiveFeed:
     """One agent's GET /api/v1/live, polled on one keep-alive connection (reopened after a failure).
 
     get(since_ns) -> (NodeStatus, answer dict or None, clock sample (t_send, node_real, t_recv) or None).
-    Never raises for a node's failure: that is the status. Not thread-safe: one poller per feed."""
+    Never raises for a node's failure: that is the status. Not thread-safe: one poller per feed.
+    The feed's node is `expected_node` when given, else the node its first answer names; an answer
+    naming another node is refused (wrong-node): an address cannot turn into another node mid-watch."""
 
-    def __init__(self, address, tls=None, timeout_s=5.0, context=None):
+    def __init__(self, address, tls=None, timeout_s=5.0, context=None, expected_node=None):
         self.address = address
+        self.node = expected_node
         self.tls = tls or TLSOptions()
         self.context = context if context is not None or self.tls.no_tls else client_context(self.tls)
         self.timeout_s = float(timeout_s)
@@ -516,7 +611,7 @@ class LiveFeed:
                 message = answer.get("error") if isinstance(answer, dict) else None
                 raise _NodeFailure("sql-error", message or f"HTTP {code} from {self.address} for {path}: "
                                                            f"an agent older than this watch?")
-            status.node = answer.get("node")
+            status.node = self.node = checked_node(self.address, answer.get("node"), self.node)
             status.row_count = len(answer["thread_time"])
             status.status = "ok" if status.row_count else "empty"
             status.message = f"{status.row_count} summaries"

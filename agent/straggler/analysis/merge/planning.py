@@ -9,7 +9,7 @@ import json
 import os
 
 from .errors import MergeError, show
-from .vetting import node_name_problem
+from ...text import node_name_problem
 
 
 def same_file(a, b):

@@ -19,12 +19,11 @@ import json
 import os
 import re
 import sqlite3
-import unicodedata
 import urllib.parse
 
 from ... import clock
 from ...store import schema
-from ...text import one_line
+from ...text import has_unprintable, node_name_problem, one_line
 from .errors import MergeError, show
 
 NODE_META_PREFIX = "node."         # a merged database keeps each node's own meta keys as node.<NODE>.<key>
@@ -35,14 +34,11 @@ NODE_TABLES = ("clock_pairs", "clock_offsets", "processes", "probes", "lost_even
 # Everything merge reads from an input: each must be a plain table (or absent, for NODE_TABLES).
 READ_OBJECTS = ("meta",) + NODE_TABLES
 SQLITE_HEADER = b"SQLite format 3\x00"
-MAX_NODE_NAME = 255
 MAX_NODES_PER_INPUT = 100_000
 MAX_NODES_JSON = 1 << 20            # bytes of meta `nodes` parsed at most
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 _PLAIN_TABLE_SQL = re.compile(r"\s*CREATE\s+TABLE\b", re.IGNORECASE)
 _VERSION_TEXT = re.compile(r"[0-9]{1,9}")
-_BAD_CATEGORIES = ("Cc", "Cf", "Cs", "Zl", "Zp")   # control, format (bidi), surrogates, line breaks
-_NODE_NAME_FORBIDDEN = frozenset(':"\'`\\[]{}')
 
 
 def ro_uri(path):
@@ -61,24 +57,6 @@ def harden(conn, read_only):
     defensive = getattr(sqlite3, "SQLITE_DBCONFIG_DEFENSIVE", None)
     if defensive is not None and hasattr(conn, "setconfig"):
         conn.setconfig(defensive, True)
-
-
-def node_name_problem(name):
-    """Why `name` cannot be a node name (None when it can): non-empty text of at most MAX_NODE_NAME
-    characters, without whitespace or ':' (event ids are NODE:SEQ, as the agent's --node demands),
-    without quotes, brackets or braces (no JSON or SQL in disguise), and without control, format or
-    line-break characters."""
-    if not isinstance(name, str):
-        return "a node name (text)"
-    if not name:
-        return "a non-empty node name"
-    if len(name) > MAX_NODE_NAME:
-        return f"a node name of at most {MAX_NODE_NAME} characters"
-    if any(unicodedata.category(ch) in _BAD_CATEGORIES for ch in name):
-        return "a node name without control characters"
-    if any(ch.isspace() or ch in _NODE_NAME_FORBIDDEN for ch in name):
-        return "a node name without spaces, ':', quotes, brackets or braces"
-    return None
 
 
 def _check_node_name(name, path, where):
@@ -120,7 +98,7 @@ def read_meta(conn, path, schema_name="main"):
     """The input's meta as {key: value}, every key checked; the values merge uses are checked too."""
     meta = {}
     for key, value in conn.execute(f"SELECT key, value FROM {schema_name}.meta"):
-        if not isinstance(key, str) or not key or any(unicodedata.category(ch) in _BAD_CATEGORIES for ch in key):
+        if not isinstance(key, str) or not key or has_unprintable(key):
             raise MergeError(f"{path}: meta has a key {show(key)}; expected non-empty text without control characters")
         if key in meta:
             raise MergeError(f"{path}: meta key {key!r} appears twice; expected one row per key")
