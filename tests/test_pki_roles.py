@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import ssl
+import stat
 import subprocess
 import sys
 import threading
@@ -264,13 +265,68 @@ def test_reissuing_with_other_roles_changes_the_certificate_and_the_cli_says_so(
         assert out.returncode == 0, out.stderr
         summary = json.loads(out.stdout)
         runs.append((summary["changed"], tuple(summary["roles"]), summary["serial"]))
+    # without --role: query only, never both (the both-roles certificate is re-issued with less)
     assert [r[:2] for r in runs] == [(True, ("query",)), (False, ("query",)), (True, ("query", "snapshot")),
-                                     (False, ("query", "snapshot")), (False, ("query", "snapshot"))]
-    assert runs[0][2] == runs[1][2] != runs[2][2] == runs[3][2]
+                                     (False, ("query", "snapshot")), (True, ("query",))]
+    assert runs[0][2] == runs[1][2] != runs[2][2] == runs[3][2] != runs[4][2]
     text = _cli("issue", "--dir", directory, "--client", "alice", "--role", "query")     # --client NAME: the same
-    assert text.returncode == 0 and text.stdout.startswith("created: client certificate") and "roles query)" in text.stdout
+    assert text.returncode == 0 and text.stdout.startswith("unchanged: client certificate") and "roles query)" in text.stdout
     server_role = _cli("issue", "--dir", directory, "--name", "n1", "--san", ADDRESS, "--role", "query")
     assert server_role.returncode != 0 and len(server_role.stderr.strip().splitlines()) == 1
+
+
+def test_a_client_certificate_without_a_role_may_query_only_and_the_command_says_so(tmp_path, fleet):
+    """`straggler pki issue --client NAME` without --role: a certificate that queries and cannot copy a
+    store (before: both roles), with a one-line note saying how to get more."""
+    directory = str(tmp_path / "p")
+    assert _cli("init", "--dir", directory).returncode == 0
+    text = _cli("issue", "--dir", directory, "--client", "dave")
+    assert text.returncode == 0 and text.stderr == "", text.stderr
+    lines = text.stdout.strip().splitlines()
+    assert len(lines) == 2 and "roles query)" in lines[0], lines
+    assert lines[1] == ("note: no --role given: dave may query only; add --role snapshot for a certificate that "
+                        "copies whole stores (collect)")
+    summary = json.loads(_cli("issue", "--dir", directory, "--client", "erin", "--json").stdout)
+    assert summary["roles"] == ["query"] and summary["note"].startswith("note: no --role given: erin may query only")
+    from cryptography import x509
+    cert = x509.load_pem_x509_certificate(Path(directory, "dave.crt").read_bytes())
+    assert [a.value for a in cert.subject.get_attributes_for_oid(x509.NameOID.ORGANIZATIONAL_UNIT_NAME)] == \
+        [ROLE_OU_PREFIX + ROLE_QUERY]
+    server = _cli("issue", "--dir", directory, "--name", "n2", "--san", ADDRESS)     # a server certificate: no note
+    assert server.returncode == 0 and "note" not in server.stdout
+
+
+def test_the_pki_directory_is_0700_its_keys_0600_and_looser_modes_are_tightened(tmp_path):
+    """The controller's pki directory holds the CA key and every node's key: made 0700 (keys 0600)
+    whatever the umask; a directory left 0755 by an older version, a revoked/ folder 0755 and a key
+    0644 are tightened by the next action, which says so; a run with nothing to tighten says nothing."""
+    directory = tmp_path / "p"
+    old_umask = os.umask(0)
+    try:
+        assert _cli("init", "--dir", str(directory)).returncode == 0
+        assert _cli("issue", "--dir", str(directory), "--name", "n1", "--san", ADDRESS).returncode == 0
+        assert _cli("issue", "--dir", str(directory), "--client", "frank").returncode == 0
+        assert _cli("revoke", "--dir", str(directory), "frank").returncode == 0
+    finally:
+        os.umask(old_umask)
+    mode = lambda path: stat.S_IMODE(os.stat(path).st_mode)   # noqa: E731
+    assert (mode(directory), mode(directory / "revoked")) == (0o700, 0o700)
+    assert {p.name: mode(p) for p in directory.glob("*.key")} == {"ca.key": 0o600, "n1.key": 0o600}
+    os.chmod(directory, 0o755)
+    os.chmod(directory / "revoked", 0o755)
+    os.chmod(directory / "n1.key", 0o644)
+    out = _cli("crl", "--dir", str(directory))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[:3] == [f"fixed mode: {directory}: 0755 -> 0700",
+                                           f"fixed mode: {directory / 'revoked'}: 0755 -> 0700",
+                                           f"fixed mode: {directory / 'n1.key'}: 0644 -> 0600"]
+    assert (mode(directory), mode(directory / "revoked"), mode(directory / "n1.key")) == (0o700, 0o700, 0o600)
+    again = json.loads(_cli("crl", "--dir", str(directory), "--json").stdout)
+    assert again["modes_fixed"] == [] and again["changed"] is False
+    os.chmod(directory / "ca.key", 0o640)
+    issued = json.loads(_cli("issue", "--dir", str(directory), "--name", "n1", "--san", ADDRESS, "--json").stdout)
+    assert issued["modes_fixed"] == [f"{directory / 'ca.key'}: 0640 -> 0600"]
+    assert (issued["changed"], issued["written"]) == (True, False)       # the certificate itself is kept
 
 
 def test_revoke_is_idempotent_and_a_new_issue_replaces_the_certificate(tmp_path):

@@ -1,11 +1,17 @@
 """A small PKI for the fleet: one CA, server certificates for the agents, client certificates
 for the people and playbooks that query them, and a revocation list. Files live in one directory:
 
-    DIR/ca.crt  DIR/ca.key (0600)  DIR/crl.pem  DIR/NAME.crt  DIR/NAME.key (0600)
-    DIR/revoked/NAME/SERIAL.crt   (revoked certificates, moved aside; their keys are deleted)
+    DIR/ (0700)  DIR/ca.crt  DIR/ca.key (0600)  DIR/crl.pem  DIR/NAME.crt  DIR/NAME.key (0600)
+    DIR/revoked/ (0700)  DIR/revoked/NAME/SERIAL.crt   (revoked certificates, moved aside; keys deleted)
+
+DIR holds every node's key and the CA's: every action (init, issue, revoke, crl) makes DIR and
+DIR/revoked 0700 and every DIR/*.key 0600, tightening looser modes it finds (older versions made
+DIR 0755) and saying which in its summary (`modes_fixed`; `changed` then, while `written` says
+whether the certificate, CA or CRL itself was written).
 
 A client certificate carries its roles (straggler.tls.ROLES) as subject OU attributes
-"straggler:<role>"; server certificates carry none.
+"straggler:<role>"; server certificates carry none. `straggler pki issue --client` without --role
+asks for DEFAULT_CLIENT_ROLES (query only: read, never copy whole stores), and says so.
 
 Idempotent: `init_ca` keeps a valid CA (and writes or refreshes its CRL), `issue` keeps a
 certificate that this CA signed, with the same SANs, kind and roles, not revoked, not close to
@@ -20,12 +26,16 @@ import datetime
 import ipaddress
 import os
 import re
+import stat
 import tempfile
 
 from .errors import StragglerError
 from .tls import CRL_FILE_NAME, ROLE_OU_PREFIX, ROLES
 
 CA_DAYS = 3650
+DIR_MODE = 0o700
+KEY_MODE = 0o600
+DEFAULT_CLIENT_ROLES = ("query",)   # the command's roles for a client certificate when none is asked for
 CERT_DAYS = 825
 RENEW_BEFORE_DAYS = 30
 # The CRL's nextUpdate: an agent refuses every client once its CRL is past nextUpdate, so `init`,
@@ -137,11 +147,43 @@ def _same_public_key(cert, key):
 
 def _ensure_dir(directory):
     try:
-        os.makedirs(directory, mode=0o755, exist_ok=True)
+        os.makedirs(directory, mode=DIR_MODE, exist_ok=True)
     except OSError as exc:
         raise PKIError(f"cannot create directory {directory}: {exc.strerror}; choose another --dir") from None
     if not os.access(directory, os.W_OK):
         raise PKIError(f"directory {directory} is not writable by this user; choose another --dir or run as its owner")
+
+
+def _tighten(path, mode, fixed):
+    """chmod `path` to `mode` when it allows more than that (a symlink is left alone); record it."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode) or not stat.S_IMODE(st.st_mode) & ~mode:
+        return
+    try:
+        os.chmod(path, mode)
+    except OSError as exc:
+        raise PKIError(f"{path} is mode {stat.S_IMODE(st.st_mode):04o} and cannot be made {mode:04o} "
+                       f"({exc.strerror}); fix its owner or mode, it holds private keys") from None
+    fixed.append(f"{path}: {stat.S_IMODE(st.st_mode):04o} -> {mode:04o}")
+
+
+def secure_modes(directory):
+    """Make DIR and DIR/revoked 0700 and every DIR/*.key 0600 where they allow more. Returns what
+    was changed, one 'PATH: OLD -> NEW' each (empty when all was tight)."""
+    fixed = []
+    _tighten(directory, DIR_MODE, fixed)
+    _tighten(os.path.join(directory, REVOKED_DIR), DIR_MODE, fixed)
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return fixed
+    for name in names:
+        if name.endswith(".key"):
+            _tighten(os.path.join(directory, name), KEY_MODE, fixed)
+    return fixed
 
 
 def _ca_is_valid(cert, key):
@@ -159,13 +201,14 @@ def init_ca(directory, common_name="straggler fleet CA", force=False):
     """Create DIR/ca.crt and DIR/ca.key (0600) unless a valid CA is there. Returns a summary dict."""
     x509, hashes, _, _, _, NameOID = _crypto()
     _ensure_dir(directory)
+    fixed = secure_modes(directory)
     cert_path, key_path = _paths(directory, "ca")
     cert, key = _load_cert(cert_path), _load_key(key_path)
     if not force and _ca_is_valid(cert, key):
-        os.chmod(key_path, 0o600)
         crl = _ensure_crl(directory, cert, key)
-        return {"changed": crl["changed"], "ca_cert": cert_path, "ca_key": key_path, "crl": crl["crl"],
-                "not_after": _not_after(cert).isoformat(), "subject": cert.subject.rfc4514_string()}
+        return {"changed": crl["changed"] or bool(fixed), "written": crl["changed"], "ca_cert": cert_path,
+                "ca_key": key_path, "crl": crl["crl"], "not_after": _not_after(cert).isoformat(),
+                "subject": cert.subject.rfc4514_string(), "modes_fixed": fixed}
     # missing, broken, not a CA, or close to expiry: a new CA (every certificate must then be reissued,
     # which `issue` does by itself: it checks the signature against the current CA)
     key = _new_key()
@@ -182,12 +225,12 @@ def init_ca(directory, common_name="straggler fleet CA", force=False):
                                          crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
             .sign(key, hashes.SHA256()))
-    _write_atomic(key_path, _key_pem(key), 0o600)
+    _write_atomic(key_path, _key_pem(key), KEY_MODE)
     _write_atomic(cert_path, _cert_pem(cert), 0o644)
     # the old CRL (if any) is the old CA's: start an empty one, signed by this CA
     crl = _ensure_crl(directory, cert, key)
-    return {"changed": True, "ca_cert": cert_path, "ca_key": key_path, "crl": crl["crl"],
-            "not_after": _not_after(cert).isoformat(), "subject": cert.subject.rfc4514_string()}
+    return {"changed": True, "written": True, "ca_cert": cert_path, "ca_key": key_path, "crl": crl["crl"],
+            "not_after": _not_after(cert).isoformat(), "subject": cert.subject.rfc4514_string(), "modes_fixed": fixed}
 
 
 def _parse_sans(sans):
@@ -322,6 +365,7 @@ def issue(directory, name, sans, kind="server", force=False, roles=None):
     _check_name(name)
     wanted_roles = _parse_roles(roles, kind)
     _ensure_dir(directory)
+    fixed = secure_modes(directory)
     ca_cert, ca_key = _load_ca(directory)
     wanted = _parse_sans(sans)
     if kind == "server":
@@ -332,14 +376,14 @@ def issue(directory, name, sans, kind="server", force=False, roles=None):
     cert_path, key_path = _paths(directory, name)
     cert, key = _load_cert(cert_path), _load_key(key_path)
     summary = {"name": name, "kind": kind, "cert": cert_path, "key": key_path, "ca_cert": _paths(directory, "ca")[0],
-               "sans": [f"{t.upper()}:{v}" for t, v in wanted], "roles": list(wanted_roles)}
+               "sans": [f"{t.upper()}:{v}" for t, v in wanted], "roles": list(wanted_roles), "modes_fixed": fixed}
     if (not force and cert is not None and key is not None and _same_public_key(cert, key)
             and _signed_by(cert, ca_cert) and _sans_of(cert) == wanted and _kind_of(cert) == kind
             and _roles_of(cert) == wanted_roles
             and cert.serial_number not in _revoked_serials(directory, ca_cert)
             and _not_after(cert) - _now() > datetime.timedelta(days=RENEW_BEFORE_DAYS)):
-        os.chmod(key_path, 0o600)
-        summary.update(changed=False, not_after=_not_after(cert).isoformat(), serial=_serial_hex(cert.serial_number))
+        summary.update(changed=bool(fixed), written=False, not_after=_not_after(cert).isoformat(),
+                       serial=_serial_hex(cert.serial_number))
         return summary
     key = _new_key()
     now = _now()
@@ -365,9 +409,10 @@ def issue(directory, name, sans, kind="server", force=False, roles=None):
     if san_values:
         builder = builder.add_extension(x509.SubjectAlternativeName(san_values), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
-    _write_atomic(key_path, _key_pem(key), 0o600)
+    _write_atomic(key_path, _key_pem(key), KEY_MODE)
     _write_atomic(cert_path, _cert_pem(cert), 0o644)
-    summary.update(changed=True, not_after=_not_after(cert).isoformat(), serial=_serial_hex(cert.serial_number))
+    summary.update(changed=True, written=True, not_after=_not_after(cert).isoformat(),
+                   serial=_serial_hex(cert.serial_number))
     return summary
 
 
@@ -486,8 +531,11 @@ def _ensure_crl(directory, ca_cert, ca_key, add=None, force=False):
 def write_crl(directory, force=False):
     """(Re)write DIR/crl.pem for DIR's CA: kept when it is this CA's and not close to nextUpdate,
     else re-signed with the same entries (an empty list the first time, or after a new CA)."""
+    fixed = secure_modes(directory)
     ca_cert, ca_key = _load_ca(directory)
-    return _ensure_crl(directory, ca_cert, ca_key, force=force)
+    summary = _ensure_crl(directory, ca_cert, ca_key, force=force)
+    summary.update(changed=summary["changed"] or bool(fixed), written=summary["changed"], modes_fixed=fixed)
+    return summary
 
 
 def _parse_serial(text):
@@ -519,8 +567,10 @@ def revoke(directory, names=(), serials=(), check=False):
     names: certificate names in DIR (their current NAME.crt); a name with no NAME.crt whose
     certificate was revoked before is unchanged, one never issued is an error. serials: hexadecimal
     serial numbers (certificates issued elsewhere, or already gone). check: report what would
-    change, write nothing. Returns {"changed", "crl", "revoked": [{name, serial, changed}], ...}.
+    change, write nothing (modes included). Returns {"changed", "crl", "revoked": [{name, serial,
+    changed}], "modes_fixed", ...}.
     """
+    fixed = [] if check else secure_modes(directory)
     ca_cert, ca_key = _load_ca(directory)
     revoked = set(_revoked_serials(directory, ca_cert))
     items, moves, add = [], [], set()
@@ -569,12 +619,15 @@ def revoke(directory, names=(), serials=(), check=False):
         summary["changed"] = summary["changed"] or bool(moves)
         for name, cert_path, key_path, serial in moves:
             folder = os.path.join(directory, REVOKED_DIR, name)
-            os.makedirs(folder, mode=0o755, exist_ok=True)
+            os.makedirs(os.path.dirname(folder), mode=DIR_MODE, exist_ok=True)   # makedirs gives parents 0777-umask
+            os.makedirs(folder, mode=DIR_MODE, exist_ok=True)
             os.replace(cert_path, os.path.join(folder, _serial_hex(serial) + ".crt"))
             try:
                 os.unlink(key_path)
             except FileNotFoundError:
                 pass
     summary["revoked"] = items
+    summary["modes_fixed"] = fixed
+    summary["changed"] = summary["changed"] or bool(fixed)
     return summary
 

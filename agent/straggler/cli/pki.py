@@ -4,7 +4,7 @@ people or JSON with 'changed' for programs (the Ansible pki role reads it).
 This module must hold no certificate logic (pki.py does)."""
 import json
 
-from ..pki import PKIError, init_ca, issue, revoke, write_crl
+from ..pki import DEFAULT_CLIENT_ROLES, PKIError, init_ca, issue, revoke, write_crl
 from ..tls import ROLES
 
 
@@ -25,8 +25,8 @@ def add_arguments(parser):
                               "short for `--name NAME --client`")
     p_issue.add_argument("--role", action="append", choices=ROLES, default=None, dest="roles",
                          help="client certificate: a role it grants (repeat): 'query' (read-only SQL, clock, health, "
-                              "live, metrics), 'snapshot' (the whole store); default both. A certificate with other "
-                              "roles is re-issued")
+                              f"live, metrics), 'snapshot' (the whole store); default {', '.join(DEFAULT_CLIENT_ROLES)} "
+                              f"only. A certificate with other roles is re-issued")
     p_issue.add_argument("--force", action="store_true", help="reissue even if a matching certificate exists")
     p_issue.add_argument("--json", action="store_true", help="print a JSON summary with 'changed'")
     p_revoke = sub.add_parser("revoke", help="revoke certificates: add them to DIR/crl.pem (signed by DIR's CA)")
@@ -43,7 +43,7 @@ def add_arguments(parser):
 
 
 def _verb(summary):
-    return "created" if summary["changed"] else "unchanged"
+    return "created" if summary.get("written", summary["changed"]) else "unchanged"
 
 
 def _issued_name(args):
@@ -58,22 +58,36 @@ def _issued_name(args):
     return name
 
 
+def _modes_lines(summary):
+    """One line per mode the action tightened in the pki directory (it holds private keys)."""
+    return [f"fixed mode: {fix}" for fix in summary.get("modes_fixed") or ()]
+
+
 def _run_init(args):
     summary = init_ca(args.dir, common_name=args.name, force=args.force)
-    return summary, [f"{_verb(summary)}: CA {summary['ca_cert']}, valid until {summary['not_after']}"]
+    return summary, _modes_lines(summary) + [f"{_verb(summary)}: CA {summary['ca_cert']}, valid until "
+                                             f"{summary['not_after']}"]
 
 
 def _run_issue(args):
-    summary = issue(args.dir, _issued_name(args), args.san, kind="client" if args.client else "server",
-                    force=args.force, roles=args.roles)
-    roles = f"; roles {', '.join(summary['roles'])}" if summary["roles"] else ""
-    what = f"{summary['kind']} certificate {summary['cert']} ({', '.join(summary['sans']) or 'no SAN'}{roles})"
-    return summary, [f"{_verb(summary)}: {what}, valid until {summary['not_after']}"]
+    name, roles, note = _issued_name(args), args.roles, None
+    if args.client and roles is None:
+        roles = list(DEFAULT_CLIENT_ROLES)
+        note = (f"note: no --role given: {name} may {', '.join(roles)} only; add --role snapshot for a "
+                f"certificate that copies whole stores (collect)")
+    summary = issue(args.dir, name, args.san, kind="client" if args.client else "server", force=args.force,
+                    roles=roles)
+    if note:
+        summary["note"] = note
+    granted = f"; roles {', '.join(summary['roles'])}" if summary["roles"] else ""
+    what = f"{summary['kind']} certificate {summary['cert']} ({', '.join(summary['sans']) or 'no SAN'}{granted})"
+    return summary, _modes_lines(summary) + [f"{_verb(summary)}: {what}, valid until {summary['not_after']}"] + \
+        ([note] if note else [])
 
 
 def _run_revoke(args):
     summary = revoke(args.dir, names=args.names, serials=args.serial, check=args.check)
-    lines = []
+    lines = _modes_lines(summary)
     for item in summary["revoked"]:
         label = item["name"] or "certificate"
         verb = ("would revoke" if args.check else "revoked") if item["changed"] else "unchanged"
@@ -84,8 +98,9 @@ def _run_revoke(args):
 
 def _run_crl(args):
     summary = write_crl(args.dir, force=args.force)
-    return summary, [f"{_verb(summary)}: CRL {summary['crl']} ({len(summary['revoked_serials'])} revoked), "
-                     f"valid until {summary['next_update']}"]
+    return summary, _modes_lines(summary) + [f"{_verb(summary)}: CRL {summary['crl']} "
+                                             f"({len(summary['revoked_serials'])} revoked), valid until "
+                                             f"{summary['next_update']}"]
 
 
 ACTIONS = {"init": _run_init, "issue": _run_issue, "revoke": _run_revoke, "crl": _run_crl}
