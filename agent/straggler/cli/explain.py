@@ -30,11 +30,14 @@ def add_arguments(parser):
     parser.add_argument("--timeout", type=float, default=None, help="seconds per query (default 300 local, 30 fleet)")
     parser.add_argument("--no-sql", action="store_true", help="text output without the SQL of each finding")
     parser.add_argument("--fail-on-straggler", action="store_true", help="exit 1 when a straggler is found")
+    parser.add_argument("--count-user-xids", action="store_true",
+                        help="also count GPU Xid lines a program wrote into the kernel log (a log relay), not only "
+                             "the driver's own")
     add_tls_arguments(parser)
 
 
 def run(args):
-    opts = dict(baseline_fraction=args.baseline_fraction, min_gap=args.min_gap)
+    opts = dict(baseline_fraction=args.baseline_fraction, min_gap=args.min_gap, user_xids=args.count_user_xids or None)
     if args.timeout:
         opts["timeout_s"] = args.timeout
     if args.last is not None and args.last <= 0:

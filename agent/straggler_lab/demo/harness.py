@@ -289,7 +289,7 @@ class SyncJobHarness:
     (step logs steps-rank<R>.csv, control files, each process's log)."""
 
     def __init__(self, bed, out_dir, hosts=None, style="blocking", straggler_bin=DEFAULT_STRAGGLER_BIN,
-                 job_nice=JOB_NICE):
+                 job_nice=JOB_NICE, gpus=False):
         if style not in ("blocking", "enqueue"):
             raise ValueError(f"style must be blocking or enqueue, not {style!r}")
         self.bed = bed
@@ -306,6 +306,7 @@ class SyncJobHarness:
         self.n_cases = 0
         self.standin_dir = self.out / "standin"
         self._built = False
+        self.gpus = gpus        # stand-in GPUs the agents read (NVML stand-in): one per host, its rank's control file
 
     # ---------------------------------------------------------------- helpers
     def _env(self):
@@ -334,6 +335,33 @@ class SyncJobHarness:
             self._built = True
 
     # ---------------------------------------------------------------- agents
+    def control_path(self, rank, case_dir):
+        """A rank's control file: stable across cases with stand-in GPUs (each host's GPU follows its rank's
+        file from the agents' start), else one per case."""
+        if self.gpus:
+            (self.out / "controls").mkdir(exist_ok=True)
+            return self.out / "controls" / f"rank{rank}"
+        return case_dir / f"control-rank{rank}"
+
+    def gpu_bus(self, host):
+        """The PCI bus id ('dddd:bb:dd') of a host's stand-in GPU: one bus per host, so an Xid line every
+        agent reads (one kernel log) names one host's GPU."""
+        return f"0000:{0x10 + self.hosts.index(host):02x}:00"
+
+    def _gpu_env(self, host):
+        """The environment that makes a host's agent read its stand-in GPU through nvidia-ml-py."""
+        from straggler_lab.standin import build_standin_nvml, write_nvml_config
+        library = build_standin_nvml(self.standin_dir)
+        rank = self.hosts.index(host)
+        config = self.out / "nvml" / f"{host}.conf"
+        config.parent.mkdir(exist_ok=True)
+        control = self.control_path(rank, None)
+        if not control.exists():
+            _write_atomic(control, "")
+        write_nvml_config(str(config), [dict(index=0, uuid=f"GPU-standin-{host}", pci=f"{self.gpu_bus(host)}.0",
+                                             control=str(control))])
+        return {"LD_LIBRARY_PATH": os.path.dirname(library), "STRAGGLER_STANDIN_NVML_CONFIG": str(config)}
+
     def start_agents(self, extra_args=(), ready_timeout_s=120.0, per_host_args=None):
         """`straggler trace --scope netns --interval 1 --db OUT/agents/<host>.db --node <host>` on
         every host (root), stderr into OUT/agents/<host>.log; returns when every one printed its
@@ -347,7 +375,8 @@ class SyncJobHarness:
             db = agents_dir / f"{host}.db"
             argv = [self.straggler_bin, "trace", "--scope", "netns", "--interval", "1", "--db", db, "--node", host,
                     *extra_args, *((per_host_args or {}).get(host) or ())]
-            self.agents[host] = self._popen("agent", host, argv, agents_dir / f"{host}.log")
+            env = self._gpu_env(host) if self.gpus else None
+            self.agents[host] = self._popen("agent", host, argv, agents_dir / f"{host}.log", env=env)
             self.agent_dbs[host] = str(db)
         deadline = time.monotonic() + ready_timeout_s
         waiting = set(self.hosts)
@@ -425,7 +454,7 @@ class SyncJobHarness:
         if stop_file.exists():
             stop_file.unlink()
         world = len(self.hosts)
-        controls = {r: case_dir / f"control-rank{r}" for r in range(world)}
+        controls = {r: self.control_path(r, case_dir) for r in range(world)}
         base = {r: "" for r in range(world)}
         if fault == "io-other":
             base[rank] = f"io_mb={IO_OTHER_MB}\n"

@@ -28,7 +28,11 @@ from .harness import (CPU_HOG_NICE_BELOW_JOB, CPU_HOG_THREADS, EXPECTED_CAUSE, G
                       SELF_THREADS, VALID_SLOWDOWN, HarnessError, _write_atomic, read_steps, stop_procs)
 
 CONTROL_FAULTS = {"self-contention": ("threads", SELF_THREADS), "host-compute": ("host_ms", HOST_MS),
-                  "gpu-slow": ("gpu_factor", GPU_FACTOR), "io-self": ("io_mb", IO_SELF_MB)}
+                  "gpu-slow": ("gpu_factor", GPU_FACTOR), "io-self": ("io_mb", IO_SELF_MB),
+                  # a stand-in GPU that says why (SyncJobHarness(gpus=True)): its kernels slower and its NVML
+                  "gpu-throttled": ("gpu_factor", GPU_FACTOR), "gpu-errors": ("gpu_factor", GPU_FACTOR)}
+DEVICE_LINES = {"gpu-throttled": "throttle=thermal\n"}
+EXPECTED = {"gpu-throttled": "gpu-throttled", "gpu-errors": "gpu-errors"}
 SKIP_S = 1.0                 # a phase's first second and the job's first seconds are not steady state
 WARMUP_SKIP_S = 3.0
 START_TOLERANCE_S = 5.0      # an episode starts within this of its phase
@@ -49,6 +53,7 @@ class Phase:
     off_s: float = None
     size: float = None
     valid_slowdown: float = VALID_SLOWDOWN
+    expect_named: bool = True          # False: a fault every GPU shares alike, which names nobody
     # filled by the run:
     t_on_ns: int = None
     t_off_ns: int = None
@@ -60,7 +65,7 @@ class Phase:
 
     @property
     def expected_cause(self):
-        return EXPECTED_CAUSE[self.fault]
+        return EXPECTED.get(self.fault) or EXPECTED_CAUSE[self.fault]
 
 
 @dataclass
@@ -104,7 +109,7 @@ def run_schedule(h, phases, seconds, ranks_per_host=1, name=None, ready_timeout_
     for p in phases:
         p.ranks = _targets(p, ranks_per_host, world)
         p.node = node_of[p.ranks[0]]
-    controls = {r: case_dir / f"control-rank{r}" for r in range(world)}
+    controls = {r: h.control_path(r, case_dir) for r in range(world)}
     at_start = {r: "" for r in range(world)}
     for p in phases:               # a fault from the first step is in the control file before the job starts
         if p.fault in CONTROL_FAULTS and p.start_s <= 0 and p.on_s is None:
@@ -172,7 +177,7 @@ def run_schedule(h, phases, seconds, ranks_per_host=1, name=None, ready_timeout_
 
 def _control_line(p):
     key, default = CONTROL_FAULTS[p.fault]
-    return f"{key}={p.size if p.size is not None else default}\n"
+    return f"{key}={p.size if p.size is not None else default}\n" + DEVICE_LINES.get(p.fault, "")
 
 
 HOG_CPU = 0
@@ -223,6 +228,10 @@ def _apply(h, p, controls, at_start, case_dir, seconds):
         if p.start_s > 0 or p.on_s:
             for r in p.ranks:
                 _write_atomic(controls[r], at_start[r] + _control_line(p))
+        if p.fault == "gpu-errors":      # the driver's word, as root writes it into the one kernel log
+            with open("/dev/kmsg", "w") as kmsg:
+                kmsg.write(f"<3>NVRM: Xid (PCI:{h.gpu_bus(p.node)}): 79, pid='<unknown>', name=<unknown>, "
+                           f"GPU has fallen off the bus.\n")
         return []
     raise HarnessError(f"a schedule does not take the fault {p.fault!r}")
 
@@ -334,7 +343,7 @@ def _judge_whole_job(p, case_dir, world, t_start, t_end):
                 f"job x{p.slowdown:.2f}" + ("" if p.valid else f", under the x{p.valid_slowdown:g} a valid phase needs"))
 
 
-def diagnose(run, out_dir, name="schedule"):
+def diagnose(run, out_dir, name="schedule", **explain_options):
     """explain with its defaults over the agents' stores merged (the real merge), over the job's span (the
     agents trace every job of the harness; a user asks about the job they ran): it is not told when the
     faults were."""
@@ -349,7 +358,8 @@ def diagnose(run, out_dir, name="schedule"):
     if db.exists():
         db.unlink()
     merge(sorted(set(run.agent_dbs.values())), str(db))
-    report = explain.explain_db(str(db), since_ns=run.t_start_ns - JOB_MARGIN_NS, until_ns=run.t_end_ns + JOB_MARGIN_NS)
+    report = explain.explain_db(str(db), since_ns=run.t_start_ns - JOB_MARGIN_NS, until_ns=run.t_end_ns + JOB_MARGIN_NS,
+                                **explain_options)
     (out_dir / f"{name}-explain.txt").write_text(to_text(report, show_sql=False, width=140))
     return report
 
@@ -379,10 +389,12 @@ def score_phase(run, phase, report):
 
 
 def phantom_episodes(run, report):
-    """Episodes that belong to no phase of their node (a straggler named where there was no fault)."""
+    """Episodes that belong to no phase of their node that names one (a straggler named where there was
+    no fault, or where every GPU shared the fault alike)."""
     out = []
     for e in report.episodes:
         nodes = e.get("nodes") or [e["node"]]
-        if not any(p.node in nodes and episode_of(run, p, report) is e for p in run.phases if p.t_on_ns):
+        if not any(p.node in nodes and p.expect_named and episode_of(run, p, report) is e
+                   for p in run.phases if p.t_on_ns):
             out.append(e)
     return out

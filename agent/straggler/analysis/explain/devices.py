@@ -76,13 +76,18 @@ GROUP BY s.node, s.gpu
 ORDER BY s.node, s.gpu"""
 
 
-def errors_sql(ranges):
-    """The driver's Xid errors (from the kernel, not written by a program) over the same ranges."""
+def _origins(user_xids):
+    return "e.origin IN ('kernel', 'user')" if user_xids else "e.origin = 'kernel'"
+
+
+def errors_sql(ranges, user_xids=False):
+    """The driver's Xid errors over the same ranges: the kernel's own lines (and those a program wrote,
+    with user_xids)."""
     return f"""
 WITH {_ranges_cte(ranges)}
 SELECT e.node, e.gpu, e.pci_bus_id, e.xid, MIN(e.meaning) AS meaning, COUNT(*) AS count, MIN(e.ts) AS first_ts
 FROM tw JOIN gpu_errors e ON e.node = tw.node AND e.ts >= tw.lo AND e.ts < tw.hi
-WHERE e.origin = 'kernel'
+WHERE {_origins(user_xids)}
 GROUP BY e.node, e.gpu, e.pci_bus_id, e.xid
 ORDER BY e.node, e.gpu, e.xid"""
 
@@ -228,12 +233,12 @@ GROUP BY node, pid
 ORDER BY node, pid"""
 
 
-def over(runner, series, lo_bin, hi_bin):
+def over(runner, series, lo_bin, hi_bin, user_xids=False):
     """Every GPU's evidence over bins [lo_bin, hi_bin) of the series (each node's clock) ->
     ({(node, gpu): GpuEvidence}, {"gpu_samples": sql, "gpu_errors": sql})."""
     ranges = [(node, series.to_node(node, series.bin_start(lo_bin)), series.to_node(node, series.bin_start(hi_bin)))
               for node in sorted(series.clocks)]
-    texts = {"gpu_samples": samples_sql(ranges), "gpu_errors": errors_sql(ranges)}
+    texts = {"gpu_samples": samples_sql(ranges), "gpu_errors": errors_sql(ranges, user_xids)}
     return judge(runner.rows(texts["gpu_samples"]), runner.rows(texts["gpu_errors"])), texts
 
 
@@ -254,13 +259,13 @@ GROUP BY s.node, s.gpu, bin
 ORDER BY s.node, s.gpu, bin"""
 
 
-def device_errors_sql(series):
+def device_errors_sql(series, user_xids=False):
     rows = sorted((node, c.offset_ns) for node, c in series.clocks.items())
     return f"""
 WITH {values_cte("clk", ("node", "off"), rows)}
 SELECT e.node, e.gpu, (e.ts + clk.off - {int(series.t0_ns)}) / {int(series.bin_ns)} AS bin, COUNT(*) AS errors
 FROM gpu_errors e JOIN clk ON clk.node = e.node
-WHERE e.origin = 'kernel' AND e.gpu IS NOT NULL AND e.ts + clk.off >= {int(series.t0_ns)}
+WHERE {_origins(user_xids)} AND e.gpu IS NOT NULL AND e.ts + clk.off >= {int(series.t0_ns)}
 GROUP BY e.node, e.gpu, bin
 ORDER BY e.node, e.gpu, bin"""
 
@@ -294,6 +299,31 @@ def device_runs(sample_rows, error_rows, min_bins=2):
                 runs.append((b, b + 1, kind))
         out[key] = [r for r in runs if r[2] == "gpu-errors" or r[1] - r[0] >= min_bins]
     return out
+
+
+def alike_runs(per_gpu, slow_run, total):
+    """The kinds more than MAX_ALIKE of all `total` GPUs showed during a job-slow run, each by its own runs
+    of evidence (device_runs): {kind: [(node, gpu)]}."""
+    by_kind = {}
+    for key, runs in per_gpu.items():
+        for kind in {k for s, e, k in runs if s < slow_run.end and e > slow_run.start}:
+            by_kind.setdefault(kind, []).append(key)
+    return {k: sorted(v) for k, v in by_kind.items() if total and len(v) / total > MAX_ALIKE}
+
+
+def within(gpu_runs, slow_run):
+    """The part of a job-slow run (episodes.Run) in which the GPU itself said something: from its first
+    run of evidence inside it (an error: from the error on) to the slow run's end, or to the evidence's
+    end when it stopped before — an episodes.Run, or None when it said nothing there."""
+    from . import episodes as ep
+    inside = [(s, e, k) for s, e, k in gpu_runs if s < slow_run.end and e > slow_run.start]
+    if not inside:
+        return None
+    start = max(slow_run.start, inside[0][0])
+    end = slow_run.end if any(k == "gpu-errors" for _, _, k in inside) else min(slow_run.end, max(e for _, e, _ in inside))
+    if end <= start:
+        return None
+    return ep.Run(start=start, end=end, bins=end - start, mean_gap=slow_run.mean_gap, on_runs=[(start, end)])
 
 
 def job_rate(series):

@@ -32,6 +32,8 @@ class ExplainOptions:
     consistency: float = model.ModelOptions.consistency
     min_cause_share: float = model.ModelOptions.min_cause_share
     min_calls: int = 20              # a process with fewer traced calls in the window is not a rank
+    user_xids: bool = False          # also count Xid lines a program wrote into the kernel log (a log relay;
+                                     # the stand-in GPUs' tests): by default only the driver's own count
     timeout_s: float = 300.0         # per query
 
     @classmethod
@@ -228,7 +230,7 @@ def _device_evidence(runner, opts, series, found, judged, span_rows):
     named = set()
     for j in judged:                   # the named ranks' GPUs over their own episode
         e = j.episode
-        evidence, texts = devices.over(runner, series, e.start, e.end)
+        evidence, texts = devices.over(runner, series, e.start, e.end, opts.user_xids)
         standing = {ev.key: ev for ev in devices.standing_out(evidence)}
         for s in j.analysis.verdict.stragglers:
             for gpu in gpu_of.get(s["rank"].key, []):
@@ -236,17 +238,23 @@ def _device_evidence(runner, opts, series, found, judged, span_rows):
                 if ev is not None and ev.key not in named:
                     out["attach"].setdefault(id(j), []).append((ev, texts))
                     named.add(ev.key)
-    busy = {b for e in found for b in range(e.start, e.end)}
+    busy = {b for j in judged for b in range(j.episode.start, j.episode.end)}     # named by the waits
+    series_texts = {"gpu_samples": devices.device_series_sql(series),
+                    "gpu_errors": devices.device_errors_sql(series, opts.user_xids)}
+    per_gpu = devices.device_runs(runner.rows(series_texts["gpu_samples"]), runner.rows(series_texts["gpu_errors"]))
     runs, rates, ref = devices.job_slow_runs(series, opts.episode_options())
     slow_bins = set()
     for run in runs:                   # the job slowed and nobody waited less: whose GPU says why?
         slow_bins.update(range(run.start, run.end))
         if any(b in busy for b in range(run.start, run.end)):
             continue
-        evidence, texts = devices.over(runner, series, run.start, run.end)
+        evidence, texts = devices.over(runner, series, run.start, run.end, opts.user_xids)
         for ev in devices.standing_out(evidence):
             keys = sorted(k for k, gpus in gpu_of.items() if k[0] == ev.node and ev.gpu in gpus and k in series.ranks)
-            j = timeline.judge_device(series, run, ev, keys, rates, ref)
+            own = devices.within([r for r in per_gpu.get(ev.key, []) if r[2] == ev.kind], run)   # where it said it
+            if own is None:
+                continue
+            j = timeline.judge_device(series, own, ev, keys, rates, ref)
             j.analysis = analyse(runner, opts, timeline.episode_windows(series, j.episode, found), span_rows)
             ranks = [series.rank_of.get(k) for k in keys if series.rank_of.get(k) is not None]
             j.findings = findings.device_findings(series.sql, texts, j, ev, ranks)
@@ -255,20 +263,20 @@ def _device_evidence(runner, opts, series, found, judged, span_rows):
                 f.window_ns = [f.at_ns, series.to_node(ev.node, j.episode.end_ns)]
             judged.append(j)
             named.add(ev.key)
-        for kind, evs in devices.alike(evidence).items():
+        for kind, keys in devices.alike_runs(per_gpu, run, len(evidence)).items():
+            ev = evidence.get(keys[0]) or devices.GpuEvidence(*keys[0], kind=kind, detail="its samples say so")
+            ev = ev if ev.kind == kind else devices.GpuEvidence(ev.node, ev.gpu, kind=kind, detail=ev.detail or kind)
             out["warnings"].append(findings.device_warning(
-                evs[0], texts, f"as on {len(evs) - 1} other GPU(s) alike while the job ran ×"
-                               f"{1 / max(0.1, 1 - run.mean_gap):.2f} slower: a condition of the fleet, no one GPU's"))
+                ev, texts, f"as on {len(keys) - 1} other GPU(s) alike while the job ran ×"
+                           f"{1 / max(0.1, 1 - run.mean_gap):.2f} slower: a condition of the fleet, no one GPU's"))
     # the rest: a GPU's own runs of evidence where the job did not slow down (and no episode named it)
-    texts = {"gpu_samples": devices.device_series_sql(series), "gpu_errors": devices.device_errors_sql(series)}
-    per_gpu = devices.device_runs(runner.rows(texts["gpu_samples"]), runner.rows(texts["gpu_errors"]))
     for key, gpu_runs in sorted(per_gpu.items()):
         if key in named:
             continue
         for start, end, kind in gpu_runs:
             if any(b in slow_bins or b in busy for b in range(start, end)):
                 continue
-            evidence, run_texts = devices.over(runner, series, start, end)
+            evidence, run_texts = devices.over(runner, series, start, end, opts.user_xids)
             ev = evidence.get(key)
             if ev is not None and ev.kind:
                 out["warnings"].append(findings.device_warning(ev, run_texts, "while the job did not slow down"))

@@ -1,0 +1,53 @@
+"""Whose GPU, on a real job: four ranks on the test bed, collectives that only enqueue (NCCL on GPUs: every
+rank waits in synchronize alike, the calls cannot tell whose GPU is slow), one stand-in GPU per host read by
+each agent through nvidia-ml-py (the stand-in NVML follows its rank's control file: a throttled GPU reports
+lower clocks with a reason AND its kernels run slower, as a real one does), Xid lines written into the
+kernel log as root. explain with its defaults over the job:
+  one GPU throttled      -> that node and rank named, gpu-throttled
+  every GPU throttled    -> nobody named, a warning that the fleet's GPUs all say the same
+  one GPU with an Xid 79 -> that node named, gpu-errors
+  the clean time between -> no episode (nothing named where there was no fault)
+Each phase checks itself first: one that did not slow the job is left out, with the reason.
+"""
+import pytest
+
+from straggler.render.report import to_text
+from straggler_lab.demo import harness as hz, schedule as sc
+
+pytestmark = pytest.mark.bpf
+
+
+@pytest.fixture(scope="module")
+def harness(testbed, tmp_path_factory):
+    h = hz.SyncJobHarness(testbed, tmp_path_factory.mktemp("devices"), style="enqueue", gpus=True)
+    try:
+        h._build()
+        libs = ["libcuda.so.1", "libcudart.so.12", "libnccl.so.2"]
+        h.start_agents(extra_args=[a for lib in libs for a in ("--cuda-lib", h.standin_dir / lib)])
+        yield h
+    finally:
+        h.close()
+    assert h.leftovers() == []
+
+
+def test_a_slow_gpu_behind_enqueued_collectives_is_named_by_its_own_word(harness, tmp_path):
+    phases = [sc.Phase("gpu-throttled", rank=1, start_s=8, end_s=22, size=3),
+              sc.Phase("gpu-throttled", host=None, rank=0, start_s=30, end_s=44, size=2, expect_named=False),
+              sc.Phase("gpu-errors", rank=3, start_s=52, end_s=None, size=3)]
+    alike = [sc.Phase("gpu-throttled", rank=r, start_s=30, end_s=44, size=2, expect_named=False) for r in (1, 2, 3)]
+    run = sc.run_schedule(harness, phases + alike, seconds=64, name="devices")
+    valid = [p for p in run.phases if p.valid]
+    if not valid:
+        pytest.skip("invalid case: " + "; ".join(p.reason for p in run.phases))
+    report = sc.diagnose(run, tmp_path, "devices", user_xids=True)      # the test's Xid lines are written by root
+    text = to_text(report, show_sql=False, width=150) + "\nphases: " + "; ".join(p.reason for p in run.phases)
+    for p in valid:
+        if not p.expect_named:
+            assert sc.episode_of(run, p, report) is None, text
+            continue
+        node_ok, cause_ok, start_ok = sc.score_phase(run, p, report)
+        assert node_ok and cause_ok and start_ok, f"{p.reason}\n{text}"
+    if any(p.valid and not p.expect_named for p in run.phases):
+        assert any(f.cause == "gpu-throttled" and f.severity == "warning" and "alike" in f.summary
+                   for f in report.findings), text
+    assert sc.phantom_episodes(run, report) == [], text
