@@ -44,6 +44,7 @@ from ..clock import read_clock_pair
 from ..errors import StragglerError
 from ..store.query import (AnswerMemoryFull, DatabaseUnavailable, JsonAnswer, QueryError, QueryTimeout, ReadQuery,
                            defensive_mode, reading, value_limit)
+from ..store.snapshot import StagingFull
 from ..text import one_line
 from ..tls import ROLE_QUERY, ROLE_SNAPSHOT
 from .transport import Answer, BadRequest
@@ -211,6 +212,8 @@ class App:
             answer = self.error(503, exc, kind="database")
         except QueryError as exc:   # a light route's read past its deadline, or over the node's memory
             answer = self.error(503, exc, kind=exc.kind)
+        except StagingFull as exc:   # store.snapshot: as many staged copies as allowed are still being sent
+            answer = self.error(429, exc, kind=exc.kind)
         except StragglerError as exc:
             answer = self.error(500, exc)
         except Exception as exc:

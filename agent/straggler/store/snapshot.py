@@ -27,9 +27,13 @@ versions (`.OUT.XXXXXXXX.tmp`, no pid) of the same output are removed once an ho
 
 Staging directories: a server that writes a snapshot before streaming it (GET /api/v1/snapshot)
 takes one from `stage_dir(snapshot_dir=None)`: a new directory `straggler-snapshot-<pid>-XXXXXXXX`
-(mode 0700) in `snapshot_dir` or the system temporary directory, after removing the staging
-directories that dead processes of this user left in the same parent. The caller removes its own
-directory when done (shutil.rmtree); stage_dir only cleans up after the dead.
+(mode 0700) in `snapshot_dir` or the system temporary directory. The caller removes its own
+directory when its answer is sent (shutil.rmtree). Staged copies cannot pile up: a copy stays
+staged while a slow reader takes it, after the one-at-a-time snapshot pool has moved on, so
+stage_dir refuses (StagingFull, one line; the API answers 429) while MAX_STAGED_COPIES of this
+user's staging directories are already in that parent. Before counting it cleans up: the staging
+directories of dead processes, and any older than STAGE_MAX_AGE_S (an answer that was never sent
+left it; one still being sent reads from its open file, which removing the name does not stop).
 
 This module must not write to the source database, and prints nothing.
 """
@@ -39,6 +43,7 @@ import shutil
 import sqlite3
 import stat
 import tempfile
+import threading
 import time
 
 from ..errors import StragglerError
@@ -51,7 +56,16 @@ STAGE_PREFIX = "straggler-snapshot-"
 _TEMP_RE = re.compile(r"^\..+\." + TEMP_MARK + r"-(\d+)-[A-Za-z0-9_]+\.tmp(?:-journal|-wal|-shm)?$")
 _STAGE_RE = re.compile(r"^" + STAGE_PREFIX + r"(\d+)-[A-Za-z0-9_]+$")
 _LEGACY_AGE_S = 3600.0
+MAX_STAGED_COPIES = 2           # staged snapshot copies (being sent) in one directory at once
+STAGE_MAX_AGE_S = 3600.0        # a staging directory untouched this long is a leftover
+_STAGE_LOCK = threading.Lock()  # count-then-create, one thread of this process at a time
 _SIDE_FILES = ("", "-journal", "-wal", "-shm")
+
+
+class StagingFull(StragglerError):
+    """MAX_STAGED_COPIES snapshot copies are staged already (being sent): retry later. The API
+    answers it with 429."""
+    kind = "busy"
 
 
 class _DeadlinePassed(Exception):
@@ -142,30 +156,40 @@ def _remove_legacy_temporaries(directory, base):
             _unlink_quietly(path)
 
 
-def remove_stale_stage_dirs(parent):
+def remove_stale_stage_dirs(parent, max_age_s=None):
     """Remove the staging directories (`straggler-snapshot-<pid>-*`) in `parent` whose process is
-    gone. Only this user's real directories (not symlinks) are touched. Returns the paths removed."""
-    removed = []
+    gone, or that nothing touched for `max_age_s` (default STAGE_MAX_AGE_S). Only this user's real
+    directories (not symlinks) are touched. Returns (the paths removed, the paths kept)."""
+    max_age_s = STAGE_MAX_AGE_S if max_age_s is None else max_age_s
+    removed, kept = [], []
+    now = time.time()
     for match, path, st in _matching_entries(parent, _STAGE_RE):
-        if not stat.S_ISDIR(st.st_mode) or _owner_alive(int(match.group(1)), st.st_mtime):
+        if not stat.S_ISDIR(st.st_mode):
+            continue
+        if _owner_alive(int(match.group(1)), st.st_mtime) and now - st.st_mtime <= max_age_s:
+            kept.append(path)
             continue
         shutil.rmtree(path, ignore_errors=True)
-        if not os.path.lexists(path):
-            removed.append(path)
-    return removed
+        (kept if os.path.lexists(path) else removed).append(path)
+    return removed, kept
 
 
-def stage_dir(snapshot_dir=None):
+def stage_dir(snapshot_dir=None, max_staged=MAX_STAGED_COPIES):
     """A new directory (mode 0700) in which to write a snapshot before serving it:
     `straggler-snapshot-<pid>-XXXXXXXX` in `snapshot_dir` or the system temporary directory.
-    Removes the ones dead processes left there first. The caller removes the directory it got."""
+    Removes the leftovers there first (remove_stale_stage_dirs); StagingFull when `max_staged`
+    staging directories remain. The caller removes the directory it got."""
     parent = snapshot_dir or tempfile.gettempdir()
-    remove_stale_stage_dirs(parent)
-    try:
-        return tempfile.mkdtemp(prefix=f"{STAGE_PREFIX}{os.getpid()}-", dir=parent)
-    except OSError as exc:
-        raise StragglerError(f"cannot make a staging directory in {parent} ({exc.strerror or exc}); "
-                             f"choose a writable --snapshot-dir") from None
+    with _STAGE_LOCK:
+        _, staged = remove_stale_stage_dirs(parent)
+        if len(staged) >= max_staged:
+            raise StagingFull(f"{len(staged)} snapshot copies are already staged in {parent}, waiting for their "
+                              f"readers (at most {max_staged} at once); retry when one is fetched")
+        try:
+            return tempfile.mkdtemp(prefix=f"{STAGE_PREFIX}{os.getpid()}-", dir=parent)
+        except OSError as exc:
+            raise StragglerError(f"cannot make a staging directory in {parent} ({exc.strerror or exc}); "
+                                 f"choose a writable --snapshot-dir") from None
 
 
 # ---- the copy --------------------------------------------------------------------------------------
