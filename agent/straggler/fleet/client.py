@@ -46,7 +46,7 @@ from ..clock import estimate_offset
 from ..errors import StragglerError
 from ..text import node_name_problem, one_line
 from ..tls import TLSOptions, client_context
-from .combine import combine_answers
+from .combine import combine_answers, foreign_node
 # Node addresses (the one rule for an inventory host's agent address) live in fleet/inventory.py;
 # these names stay importable from here.
 from .inventory import DEFAULT_PORT, agent_address, normalize_address, parse_nodes, split_address  # noqa: F401
@@ -296,19 +296,17 @@ def checked_node(address, claimed, expected=None):
 
 def _checked_table(address, node, answer):
     """(columns, rows) of an answer: a list of column names and a list of rows as long; every value
-    of a `node` column (the first, which the combined table keys on) must be `node`."""
+    of a `node` column must be `node` (combine.foreign_node)."""
     columns, rows = answer.get("columns"), answer.get("rows")
     rows = [] if rows is None else rows
     if (not isinstance(columns, list) or not all(isinstance(c, str) for c in columns) or not isinstance(rows, list)
             or not all(isinstance(r, list) and len(r) == len(columns) for r in rows)):
         raise _NodeFailure("sql-error", f"{address} answered with a malformed table (columns and rows of equal "
                                         f"length expected); is it a straggler agent?")
-    if "node" in columns:
-        at = columns.index("node")
-        other = next((row[at] for row in rows if row[at] != node), node)
-        if other != node:
-            raise _NodeFailure("wrong-node", f"{address} (node {node}) answered rows of node {_shown(other)}; "
-                                             f"refusing its answer: a node cannot answer for another")
+    foreign = foreign_node(node, columns, rows)
+    if foreign is not None:
+        raise _NodeFailure("wrong-node", f"{address} (node {node}) answered rows of node {_shown(foreign[0])}; "
+                                         f"refusing its answer: a node cannot answer for another")
     return columns, rows
 
 

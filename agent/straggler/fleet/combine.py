@@ -15,6 +15,9 @@ The rule (combine_answers):
 - A host whose columns differ from the first answering host's (other names, fewer, more, or
   another order) is kept, not dropped; its note says how ("columns differ: ..."). Hosts with the
   same columns get an empty note.
+- A host answers for itself: a `node` column it returns holds its own name in every row. The
+  caller refuses a host's answer when foreign_node finds another name there (the fleet client:
+  status wrong-node), before combining.
 
 Pure: no I/O, no Ansible, no straggler imports; plain lists in, plain lists out.
 """
@@ -55,6 +58,16 @@ def columns_note(reference, columns):
     if not parts:
         parts.append("same columns in another order (lined up by name)")
     return "columns differ: " + "; ".join(parts)
+
+
+def foreign_node(name, columns, rows):
+    """The first value of the host's `node` column (its first one, the one the table keys on) that
+    is not `name`, as (value,); None when every row is the host's own, or it has no such column."""
+    columns = [str(c) for c in columns or []]
+    if NODE_COLUMN not in columns:
+        return None
+    at = columns.index(NODE_COLUMN)
+    return next(((row[at],) for row in rows or [] if at < len(row) and row[at] != name), None)
 
 
 def combine_answers(answers):
