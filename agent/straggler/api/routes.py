@@ -25,7 +25,7 @@ parts of about STREAM_CHUNK_BYTES, each made only when the one before was writte
 stops early (its time limit, the node's memory, an SQL error in a later row) still ends as valid
 JSON: "truncated": true with "truncated_reason" (timeout | memory | busy | sql-error) and "error".
 
-Light routes (clock, health, live, metrics) run in their own pool under a deadline (Route.timeout_s),
+Light routes (clock, health, live, metrics) run in their own pool under a deadline (App.light_timeout_s),
 so heavy queries never delay them. This module must not touch a socket or know a connection
 (transport.py, server.py), must not write to the database, and holds no SQL rules of its own
 (store/query.py does).
@@ -63,34 +63,29 @@ CLOCK_PAIRS_MAX = 1000
 STREAM_AFTER_BYTES = 256 << 10      # a query answer up to this is sent whole, with its length
 STREAM_CHUNK_BYTES = 256 << 10      # then in parts of about this
 MEMORY_WAIT_S = 5.0                 # how long an answer waits for room in the answers' memory
-HEALTH_TIMEOUT_S = 5.0              # the light routes' deadlines (SQLite is interrupted at them)
-LIVE_TIMEOUT_S = 5.0
-METRICS_TIMEOUT_S = 5.0
-CLOCK_TIMEOUT_S = 2.0
+LIGHT_TIMEOUT_S = 5.0               # the light routes' deadline (SQLite is interrupted at it)
 API_PREFIX = "/api/v1"
 QUERY_SHAPE = "{\"sql\": ..., \"limit\": N}"
 
 
 class Route(NamedTuple):
     """A path's method ("GET" also answers HEAD), the role it needs, the App handler that answers
-    it, the pool it runs in ("query"; "light": small reads under a deadline; "snapshot": one at a
-    time), its deadline in seconds (None: the handler's own: a query's time limit, the snapshot's),
-    and, when the answer is made in two steps, the App method that finishes it in the event loop
-    just before it is sent."""
+    it, the pool it runs in ("query"; "light": small reads under App.light_timeout_s; "snapshot":
+    one at a time), and, when the answer is made in two steps, the App method that finishes it in
+    the event loop just before it is sent."""
     method: str
     role: str
     handler: str
     pool: str = "query"
-    timeout_s: Optional[float] = None
     finish: Optional[str] = None
 
 
 ROUTES = {
     f"{API_PREFIX}/query": Route("POST", ROLE_QUERY, "query"),
-    f"{API_PREFIX}/clock": Route("GET", ROLE_QUERY, "clock_pairs", "light", CLOCK_TIMEOUT_S, finish="clock"),
-    f"{API_PREFIX}/health": Route("GET", ROLE_QUERY, "health", "light", HEALTH_TIMEOUT_S),
-    f"{API_PREFIX}/live": Route("GET", ROLE_QUERY, "live", "light", LIVE_TIMEOUT_S),
-    "/metrics": Route("GET", ROLE_QUERY, "metrics", "light", METRICS_TIMEOUT_S),
+    f"{API_PREFIX}/clock": Route("GET", ROLE_QUERY, "clock_pairs", "light", finish="clock"),
+    f"{API_PREFIX}/health": Route("GET", ROLE_QUERY, "health", "light"),
+    f"{API_PREFIX}/live": Route("GET", ROLE_QUERY, "live", "light"),
+    "/metrics": Route("GET", ROLE_QUERY, "metrics", "light"),
     f"{API_PREFIX}/snapshot": Route("GET", ROLE_SNAPSHOT, "snapshot", pool="snapshot"),
 }
 ROUTES_TEXT = (f"{API_PREFIX}/query (POST), {API_PREFIX}/clock, {API_PREFIX}/health, {API_PREFIX}/snapshot, "
@@ -166,7 +161,7 @@ class App:
 
     def __init__(self, db_path, node, max_rows=MAX_ROWS, max_query_seconds=MAX_QUERY_SECONDS,
                  snapshot_dir=None, max_answer_bytes=MAX_ANSWER_BYTES, snapshot_timeout_s=SNAPSHOT_TIMEOUT_S,
-                 memory=None):
+                 light_timeout_s=LIGHT_TIMEOUT_S, memory=None):
         self.db_path = db_path
         self.node = node
         self.max_rows = max_rows
@@ -174,6 +169,9 @@ class App:
         self.max_answer_bytes = max_answer_bytes
         self.snapshot_dir = snapshot_dir
         self.snapshot_timeout_s = snapshot_timeout_s
+        self.light_timeout_s = float(light_timeout_s)
+        if not self.light_timeout_s > 0:
+            raise StragglerError(f"--light-timeout must be more than 0 seconds, got {light_timeout_s}")
         self.memory = memory            # limits.AnswerMemory (None: unbounded, for tests of the routes alone)
         self.tls = False
         self.crl_status = None          # a callable -> tls.crl_status dict, set by the server when it checks a CRL
@@ -256,7 +254,7 @@ class App:
         if wanted <= 0:
             return []
         try:
-            with reading(self.db_path, CLOCK_TIMEOUT_S / 2, "the clock pairs") as conn:
+            with reading(self.db_path, self.light_timeout_s, "the clock pairs") as conn:
                 return [list(p) for p in reversed(conn.execute(
                     "SELECT mono_ns, real_ns FROM clock_pairs ORDER BY mono_ns DESC LIMIT ?",
                     (min(wanted, CLOCK_PAIRS_MAX),)).fetchall())]
@@ -271,7 +269,7 @@ class App:
 
     def health(self, request):
         from ..store.status import collect_status
-        status = collect_status(self.db_path, timeout_s=HEALTH_TIMEOUT_S)
+        status = collect_status(self.db_path, timeout_s=self.light_timeout_s)
         status["db_node"] = status.get("node")
         status["node"] = self.node
         defensive, how = defensive_mode()
@@ -292,7 +290,7 @@ class App:
             since = check_since(text)
         except ValueError as exc:
             raise BadRequest(400, str(exc)) from None
-        answer = live_summary(self.db_path, since, timeout_s=LIVE_TIMEOUT_S)
+        answer = live_summary(self.db_path, since, timeout_s=self.light_timeout_s)
         mono_ns, real_ns = read_clock_pair()   # last, as for /clock: the watch's offset sample
         answer.update(node=self.node, monotonic_ns=mono_ns, realtime_ns=real_ns)
         return json_answer(200, answer)
@@ -300,7 +298,7 @@ class App:
     def metrics(self, request):
         from . import metrics
         try:
-            body = metrics.render(self.db_path, self.node, timeout_s=METRICS_TIMEOUT_S)
+            body = metrics.render(self.db_path, self.node, timeout_s=self.light_timeout_s)
         except metrics.MetricsUnavailable as exc:
             return self.error(503, exc, kind="metrics-unavailable")
         return Answer(200, [body], content_type=metrics.CONTENT_TYPE)

@@ -318,7 +318,10 @@ class _Server:
                 return
             if request is None:   # the client closed between requests
                 return
-            refusal = self.contexts.refusal(session.serial) if self.contexts is not None else None
+            refusal = None
+            if self.contexts is not None:
+                self.contexts.current()   # a changed CRL is read here too (at most once per check interval)
+                refusal = self.contexts.refusal(session.serial)
             if refusal is not None:
                 log.info("%s: request refused: %s", peer, refusal[1])
                 await transport.send_answer(stream, peer, self._refusal_answer(refusal), app.node, deadlines,
@@ -368,8 +371,9 @@ class _Server:
             self._busy.add(route.pool)
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(self.pools[route.pool], app.call, route.handler, request)
+        timeout_s = app.light_timeout_s if route.pool == "light" else None
         try:
-            done, _ = await asyncio.wait({future}, timeout=route.timeout_s + GRACE_S if route.timeout_s else None)
+            done, _ = await asyncio.wait({future}, timeout=timeout_s + GRACE_S if timeout_s else None)
         except asyncio.CancelledError:
             future.add_done_callback(_drop_answer)
             raise
@@ -378,7 +382,7 @@ class _Server:
                 self._busy.discard(route.pool)
         if not done:
             future.add_done_callback(_drop_answer)
-            return app.error(503, f"{request.path} did not answer within {route.timeout_s:g} s; retry",
+            return app.error(503, f"{request.path} did not answer within {timeout_s:g} s; retry",
                              kind="timeout")
         answer = future.result()
         if route.finish is not None and not isinstance(answer, transport.Answer):
@@ -450,7 +454,7 @@ def make_server(db_path, node=None, listen=DEFAULT_LISTEN, tls=None, **limits):
     (handshake_timeout_s, request_timeout_s, send_timeout_s, min_send_rate), ServerLimits'
     (max_connections, max_connections_per_client, max_queries_per_client, max_connection_s,
     max_inflight_bytes, max_query_memory) and routes.App's (max_rows, max_query_seconds,
-    max_answer_bytes, snapshot_dir, snapshot_timeout_s)."""
+    max_answer_bytes, snapshot_dir, snapshot_timeout_s, light_timeout_s)."""
     deadlines = Deadlines(**{field.name: limits.pop(field.name) for field in dataclasses.fields(Deadlines)
                              if field.name in limits})
     server_limits = ServerLimits(**{field.name: limits.pop(field.name) for field in dataclasses.fields(ServerLimits)

@@ -12,8 +12,8 @@ import threading
 
 from ..addresses import format_address
 from ..api.metrics import start_plain_server
-from ..api.routes import MAX_ANSWER_BYTES, MAX_QUERY_SECONDS, MAX_ROWS, SNAPSHOT_TIMEOUT_S
-from ..api.server import DEFAULT_LISTEN, start_background
+from ..api.routes import LIGHT_TIMEOUT_S, MAX_ANSWER_BYTES, MAX_QUERY_SECONDS, MAX_ROWS, SNAPSHOT_TIMEOUT_S
+from ..api.server import DEFAULT_LISTEN, ServerLimits, start_background
 from ..store.query import DEFAULT_DB
 from .common import add_metrics_arguments, add_tls_arguments, tls_options
 
@@ -33,6 +33,28 @@ def add_arguments(parser):
     parser.add_argument("--snapshot-dir", default=None, help="where snapshots are staged before streaming (default: system temp)")
     parser.add_argument("--snapshot-timeout", type=float, default=SNAPSHOT_TIMEOUT_S,
                         help=f"seconds a snapshot may take before it is stopped (default {SNAPSHOT_TIMEOUT_S:g})")
+    parser.add_argument("--light-timeout", type=float, default=LIGHT_TIMEOUT_S,
+                        help=f"seconds /api/v1/health, /live, /clock and /metrics may take; then 503 "
+                             f"(default {LIGHT_TIMEOUT_S:g})")
+    limits = ServerLimits()
+    parser.add_argument("--max-inflight-bytes", type=int, default=limits.max_inflight_bytes,
+                        help=f"bytes of answers made and not yet sent, all clients together; a row waits for room, "
+                             f"then its answer ends (default {limits.max_inflight_bytes})")
+    parser.add_argument("--max-query-memory", type=int, default=limits.max_query_memory,
+                        help=f"bytes SQLite may allocate for the running queries together (sorts, temporary tables: "
+                             f"no spill file); over it the query that did the most work is stopped, 0 for no cap "
+                             f"(default {limits.max_query_memory})")
+    parser.add_argument("--max-connections", type=int, default=limits.max_connections,
+                        help=f"open connections in all (default {limits.max_connections})")
+    parser.add_argument("--max-connections-per-client", type=int, default=limits.max_connections_per_client,
+                        help=f"open connections of one client certificate; over it: 429 "
+                             f"(default {limits.max_connections_per_client})")
+    parser.add_argument("--max-queries-per-client", type=int, default=limits.max_queries_per_client,
+                        help=f"queries one client certificate runs at once; over it: 429 "
+                             f"(default {limits.max_queries_per_client})")
+    parser.add_argument("--max-connection-seconds", type=float, default=limits.max_connection_s,
+                        help=f"a connection's lifetime: the answer after it closes the connection "
+                             f"(default {limits.max_connection_s:g})")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     add_tls_arguments(parser)
     add_metrics_arguments(parser)
@@ -44,7 +66,11 @@ def run(args):
     handle = start_background(args.db, node=args.node, listen=args.listen, tls=tls_options(args),
                               max_rows=args.max_rows, max_query_seconds=args.max_query_seconds,
                               max_answer_bytes=args.max_answer_bytes, snapshot_dir=args.snapshot_dir,
-                              snapshot_timeout_s=args.snapshot_timeout)
+                              snapshot_timeout_s=args.snapshot_timeout, max_inflight_bytes=args.max_inflight_bytes,
+                              max_query_memory=args.max_query_memory, max_connections=args.max_connections,
+                              max_connections_per_client=args.max_connections_per_client,
+                              max_queries_per_client=args.max_queries_per_client,
+                              max_connection_s=args.max_connection_seconds, light_timeout_s=args.light_timeout)
     metrics_server = None
     if args.metrics_listen:
         try:

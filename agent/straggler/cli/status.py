@@ -1,5 +1,6 @@
 """`straggler status`: what the node's agent is doing (straggler.store.status.collect_status), as
-tables for people or JSON.
+tables for people or JSON, and how the node's revocation list stands (tls.crl_status: a CRL near or
+past its expiry, or missing, is said loudly, on stderr too).
 
 This module must hold no reading of the store (store/status.py does)."""
 import json
@@ -8,7 +9,10 @@ import sys
 from .. import render
 from ..store.status import collect_status
 from ..text import fmt_bytes
+from ..tls import DEFAULT_CRL, crl_status
 from .common import add_db_argument
+
+LOUD_CRL_STATES = ("expiring", "expired", "missing", "unreadable")
 
 
 def status_rows(status):
@@ -34,6 +38,8 @@ def status_rows(status):
         ("lost events", f"{status['lost_events_total']} total, {status['lost_events_recent']} in the last minute"),
         ("DB size", f"{fmt_bytes(status['db_size_bytes'])} (WAL {fmt_bytes(status['wal_bytes'])})"),
     ]
+    if status.get("crl"):
+        lines.append(("CRL", status["crl"]["message"]))
     return [list(row) for row in lines]
 
 
@@ -53,11 +59,16 @@ def gpus_line(devices):
 
 def add_arguments(parser):
     add_db_argument(parser)
+    parser.add_argument("--crl", default=DEFAULT_CRL, metavar="FILE",
+                        help=f"the revocation list the agent uses, to say how long it has left (default {DEFAULT_CRL})")
     parser.add_argument("--json", action="store_true", help="print the status as JSON")
 
 
 def run(args):
     status = collect_status(args.db)
+    status["crl"] = crl_status(args.crl, expected=False)
+    if status["crl"]["state"] in LOUD_CRL_STATES:
+        print(f"straggler status: WARNING: the CRL {args.crl}: {status['crl']['message']}", file=sys.stderr)
     if args.json:
         sys.stdout.write(json.dumps(status, indent=2) + "\n")
         return 0

@@ -20,6 +20,7 @@ import time
 from . import sqlite_lib
 
 MEMORY_POLL_S = 0.05
+REINTERRUPT_S = 0.02                     # a stopped query is interrupted again until its caller lets go
 DEFAULT_MEMORY_CAP = 256 << 20           # bytes of SQLite heap the watched queries may add, all together
 STEPS_PER_TICK = 1000                    # VDBE steps between two calls of a watch's progress handler
 
@@ -38,9 +39,10 @@ class Watch:
         self.key = key
 
     def tick(self):
-        """The connection's progress handler (counts work; never stops the query itself)."""
+        """The connection's progress handler: counts work, and stops a query the watchdog stopped
+        (an interrupt that came before the statement started is forgotten by SQLite)."""
         self.ticks += 1
-        return 0
+        return 1 if self.stopped is not None else 0
 
 
 class Watchdog:
@@ -104,10 +106,14 @@ class Watchdog:
         if watch.stopped is None and watch.key in self._watches:
             watch.stopped = reason
             self.interrupts[reason] = self.interrupts.get(reason, 0) + 1
-            try:
-                watch.conn.interrupt()
-            except Exception:   # closed meanwhile
-                pass
+            self._interrupt(watch)
+
+    @staticmethod
+    def _interrupt(watch):
+        try:
+            watch.conn.interrupt()
+        except Exception:   # closed meanwhile
+            pass
 
     def _run(self):
         with self._cond:
@@ -118,7 +124,13 @@ class Watchdog:
                 now = time.monotonic()
                 wait = None
                 for watch in list(self._watches.values()):
-                    if watch.stopped is not None or watch.deadline is None:
+                    if watch.stopped is not None:
+                        # SQLite forgets an interrupt that comes while no statement runs: say it again
+                        # until the caller has seen it and unwatched
+                        self._interrupt(watch)
+                        wait = REINTERRUPT_S if wait is None else min(wait, REINTERRUPT_S)
+                        continue
+                    if watch.deadline is None:
                         continue
                     if now >= watch.deadline:
                         self._stop(watch, "deadline")

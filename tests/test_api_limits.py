@@ -1,0 +1,486 @@
+"""The agent's limits under attack, second round: a real `straggler serve` process on loopback with
+the project's PKI and real TLS 1.3; every loop and wait is bounded.
+
+What a user (or an attacker with a valid, or stolen, certificate) would notice:
+  - memory: a query of huge rows streams row by row and is cut at the byte cap; the agent's peak
+    RSS stays within a bound of its baseline instead of holding the answer several times over;
+  - revocation: a revoked certificate's open keep-alive connection is closed and gets no more
+    answers, while another client's stays served; a CRL that goes missing refuses every client
+    with one line (fail closed) until it is back;
+  - fair shares: one client holding its share of connections and queries gets 429s with one line,
+    and the controller is still answered meanwhile;
+  - deadlines: a count(*) over a big table (one opcode) is stopped at its deadline by the
+    interrupt; a light route over a big table answers 503 at its deadline; a huge sort is stopped
+    by the queries' memory cap while a small query beside it is answered; bad parameters are 400s
+    with one line and no traceback in the agent's log;
+  - SQLite's defensive mode: which one is in effect, and that it bites."""
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import ssl
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from test_api_helpers import REPO, Pki, make_node_db, venv_env
+
+from straggler import pki
+from straggler.store import sqlite_lib
+from straggler.store.query import defensive_mode, open_readonly
+from straggler.tls import TLSOptions, client_context, read_crl
+
+ADDRESS = "127.0.0.1"
+MB = 1 << 20
+# 20 rows of 8 MB each, made by SQLite as they are fetched: nothing on disk
+HUGE_ROWS_SQL = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 20) "
+                 "SELECT x, randomblob(8000000) FROM c")
+SLOW_SQL = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+BIG_SORT_SQL = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 3000000) "
+                "SELECT x, randomblob(64) AS b FROM c ORDER BY b")
+
+
+# ---------------------------------------------------------------- a real `straggler serve`
+
+class Serve:
+    """`straggler serve` in a process of its own; its stderr kept in .lines (a thread drains it)."""
+
+    def __init__(self, db, tls: TLSOptions, *args):
+        argv = [sys.executable, "-m", "straggler.cli", "serve", "--db", str(db), "--listen", f"{ADDRESS}:0",
+                "--ca", tls.ca, "--cert", tls.cert, "--key", tls.key, *args]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     env=venv_env(), cwd=REPO)
+        self.lines = []
+        self.port = None
+        ready = threading.Event()
+
+        def drain():
+            for line in self.proc.stderr:
+                self.lines.append(line.rstrip("\n"))
+                if line.startswith("straggler serve: https://"):
+                    self.port = int(line.split()[2].rsplit(":", 1)[1])
+                    ready.set()
+            ready.set()
+
+        self._thread = threading.Thread(target=drain, daemon=True)
+        self._thread.start()
+        if not ready.wait(60) or self.port is None:
+            self.stop()
+            raise AssertionError("straggler serve did not start:\n" + "\n".join(self.lines))
+
+    def status(self, field):
+        """A field of /proc/PID/status in bytes (VmHWM: the peak resident memory so far)."""
+        with open(f"/proc/{self.proc.pid}/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+        raise KeyError(field)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=15)
+        self._thread.join(timeout=5)
+        self.proc.stderr.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def _connect(port, options, timeout=30):
+    return http.client.HTTPSConnection(ADDRESS, port, context=client_context(options), timeout=timeout)
+
+
+def _query(conn, sql, limit=1000, timeout_s=None):
+    body = {"sql": sql, "limit": limit}
+    if timeout_s is not None:
+        body["timeout_s"] = timeout_s
+    conn.request("POST", "/api/v1/query", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    return response.status, response.getheader("Transfer-Encoding"), json.loads(response.read())
+
+
+def _get(conn, path):
+    conn.request("GET", path)
+    response = conn.getresponse()
+    return response.status, json.loads(response.read())
+
+
+def _one_line(answer):
+    return answer["error"] and "\n" not in answer["error"] and "Traceback" not in answer["error"]
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    fleet = Pki(tmp_path_factory.mktemp("pki"))
+    for name in ("hog", "leaked"):
+        pki.issue(str(fleet.dir), name, [], kind="client", roles=["query"])
+    return fleet
+
+
+def _client(certs, name):
+    return TLSOptions(ca=str(certs.dir / "ca.crt"), cert=str(certs.dir / f"{name}.crt"),
+                      key=str(certs.dir / f"{name}.key"))
+
+
+@pytest.fixture(scope="module")
+def node_db(tmp_path_factory):
+    db = tmp_path_factory.mktemp("node") / "node.db"
+    make_node_db(db, "gpu-node-01", 0)
+    return db
+
+
+# ---------------------------------------------------------------- memory
+
+def test_huge_rows_stream_and_the_agents_peak_memory_stays_bounded(certs, node_db):
+    """20 rows of 8 MB under the default 64 MiB byte cap: before, the agent fetched them in one batch
+    and held them raw, as hex and as JSON before looking at the cap (over 1 GB); now one row at a
+    time, so the peak grows by a few rows at most. And 20 rows of 1 MB under a 1 MiB cap: none fits
+    (2 MB of hex each), the answer says so at once."""
+    with Serve(node_db, certs.server(ADDRESS)) as agent:
+        conn = _connect(agent.port, certs.client())
+        assert _query(conn, "SELECT count(*) FROM events")[0] == 200
+        baseline = agent.status("VmHWM")
+        code, encoding, answer = _query(conn, HUGE_ROWS_SQL, limit=100)
+        peak = agent.status("VmHWM")
+        conn.close()
+    assert code == 200 and encoding == "chunked", (code, encoding)
+    assert answer["truncated"] and answer["truncated_reason"] == "bytes"
+    assert 1 <= len(answer["rows"]) <= 4 and len(answer["rows"][0][1]) == 16_000_000
+    grown = peak - baseline
+    assert grown < 200 * MB, f"the agent's peak RSS grew by {grown / MB:.0f} MB for a 64 MiB answer"
+    with Serve(node_db, certs.server(ADDRESS), "--max-answer-bytes", str(MB)) as agent:
+        conn = _connect(agent.port, certs.client())
+        baseline = agent.status("VmHWM")
+        code, encoding, answer = _query(conn, "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c "
+                                              "LIMIT 20) SELECT x, randomblob(1000000) FROM c", limit=100)
+        grown = agent.status("VmHWM") - baseline
+        conn.close()
+    assert code == 200 and answer["rows"] == [] and answer["truncated_reason"] == "bytes"
+    assert grown < 30 * MB, f"the agent's peak RSS grew by {grown / MB:.0f} MB for an empty answer"
+
+
+def test_readers_that_stall_hold_at_most_the_servers_answer_memory(certs, node_db):
+    """Four readers (two clients, two queries each) ask for huge rows and stop reading: each answer
+    holds at most its next part, and all of them together at most --max-inflight-bytes; the health
+    answer says how much was held at the peak."""
+    cap = 40 * MB
+    with Serve(node_db, certs.server(ADDRESS), "--max-inflight-bytes", str(cap)) as agent:
+        baseline = agent.status("VmHWM")
+        socks = []
+        body = json.dumps({"sql": HUGE_ROWS_SQL, "limit": 100}).encode()
+        for name in ("controller", "hog", "controller", "hog"):
+            raw = socket.create_connection((ADDRESS, agent.port), timeout=10)
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock = client_context(_client(certs, name)).wrap_socket(raw, server_hostname=ADDRESS)
+            sock.sendall(b"POST /api/v1/query HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            socks.append(sock)
+        time.sleep(3)   # every answer made as far as its reader lets it
+        conn = _connect(agent.port, certs.client())
+        code, health = _get(conn, "/api/v1/health")
+        conn.close()
+        grown = agent.status("VmHWM") - baseline
+        for sock in socks:
+            sock.close()
+    assert code == 200
+    memory = health["api"]["answer_memory"]
+    assert memory["capacity"] == cap and memory["peak"] <= cap + 17 * MB, memory   # a row's last bytes may pass it
+    assert grown < cap + 150 * MB, f"peak RSS grew by {grown / MB:.0f} MB with {cap / MB:.0f} MB of answers allowed"
+
+
+# ---------------------------------------------------------------- revocation
+
+def test_a_revoked_certificates_open_connection_is_closed_and_the_others_stay_served(certs, node_db, tmp_path):
+    for suffix in (".crt", ".key"):   # the thief's copy (revoke moves the CA's copy aside)
+        shutil.copy2(certs.dir / f"leaked{suffix}", tmp_path / f"leaked{suffix}")
+    leaked = TLSOptions(ca=str(certs.dir / "ca.crt"), cert=str(tmp_path / "leaked.crt"),
+                        key=str(tmp_path / "leaked.key"))
+    with Serve(node_db, certs.server(ADDRESS)) as agent:
+        thief = _connect(agent.port, leaked)
+        owner = _connect(agent.port, certs.client())
+        assert _query(thief, "SELECT 1")[0] == 200 and _query(owner, "SELECT 1")[0] == 200
+        pki.revoke(str(certs.dir), names=["leaked"])
+        closed = False
+        for _ in range(30):   # the agent looks at its TLS files once a second; an idle connection
+            time.sleep(0.1)   # would be closed anyway after 10 s (the request deadline): look for 4.5 s
+            try:
+                thief.sock.settimeout(0.05)
+                closed = thief.sock.recv(1) == b""
+            except (socket.timeout, TimeoutError):
+                continue
+            except (ssl.SSLError, ConnectionError):
+                closed = True
+            if closed:
+                break
+        assert closed, "the revoked certificate's keep-alive connection stayed open"
+        assert _query(owner, "SELECT count(*) FROM events")[2]["rows"] == [[6]]   # the same open connection
+        with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
+            _query(_connect(agent.port, leaked), "SELECT 1")
+        thief.close()
+        owner.close()
+    assert any("revoked" in line and "closing the connection" in line for line in agent.lines), agent.lines
+
+
+def test_a_request_on_an_open_connection_is_checked_against_the_crl(certs, node_db, tmp_path, monkeypatch):
+    """Every request is checked against the CRL, not only the handshake: with the server's own look
+    for a new CRL (which closes revoked connections) turned off, the revoked client's next request
+    on its open connection gets a 403 with one line instead of an answer. (In process: the look's
+    interval is a module constant.)"""
+    from straggler.api import server
+    monkeypatch.setattr(server, "REVOCATION_CHECK_S", 3600.0)
+    pki.issue(str(certs.dir), "laptop", [], kind="client", roles=["query"])
+    for suffix in (".crt", ".key"):
+        shutil.copy2(certs.dir / f"laptop{suffix}", tmp_path / f"laptop{suffix}")
+    laptop = TLSOptions(ca=str(certs.dir / "ca.crt"), cert=str(tmp_path / "laptop.crt"),
+                        key=str(tmp_path / "laptop.key"))
+    with server.start_background(str(node_db), listen=f"{ADDRESS}:0", tls=certs.server(ADDRESS)) as agent:
+        conn = _connect(agent.port, laptop)
+        assert _query(conn, "SELECT 1")[0] == 200
+        pki.revoke(str(certs.dir), names=["laptop"])
+        assert read_crl(str(certs.dir / "crl.pem")).revoked
+        code, answer = 200, None
+        for _ in range(30):   # the CRL file is looked at once a second
+            time.sleep(0.1)
+            code, _, answer = _query(conn, "SELECT 1")
+            if code != 200:
+                break
+        conn.close()
+    assert code == 403 and answer["kind"] == "revoked" and _one_line(answer) and "revoked" in answer["error"], answer
+
+
+def test_a_crl_that_goes_missing_fails_closed_with_one_line_until_it_is_back(tmp_path, node_db):
+    fleet = Pki(tmp_path / "pki")
+    crl = fleet.dir / "crl.pem"
+    saved = crl.read_bytes()
+    with Serve(node_db, fleet.server(ADDRESS)) as agent:
+        assert _query(_connect(agent.port, fleet.client()), "SELECT 1")[0] == 200
+        crl.unlink()
+        refused = None
+        for _ in range(50):
+            time.sleep(0.1)
+            code, _, answer = _query(_connect(agent.port, fleet.client()), "SELECT 1")
+            if code != 200:
+                refused = (code, answer)
+                break
+        assert refused is not None, "every client was still served without the CRL"
+        assert refused[0] == 503 and refused[1]["kind"] == "crl" and _one_line(refused[1])
+        assert "crl.pem" in refused[1]["error"] and "missing" in refused[1]["error"]
+        (fleet.dir / ".crl.tmp").write_bytes(saved)
+        os.replace(fleet.dir / ".crl.tmp", crl)
+        served = False
+        for _ in range(50):
+            time.sleep(0.1)
+            if _query(_connect(agent.port, fleet.client()), "SELECT 1")[0] == 200:
+                served = True
+                break
+        assert served, "the clients were not served again once the CRL was back"
+    told = [line for line in agent.lines if "fail closed" in line]
+    assert len(told) == 1 and "missing" in told[0], agent.lines
+
+
+def test_the_crl_near_its_expiry_is_reported_loudly_by_health_and_status(tmp_path, monkeypatch, node_db):
+    monkeypatch.setattr(pki, "CRL_DAYS", 20)       # a CRL with 20 days left
+    fleet = Pki(tmp_path / "pki")
+    with Serve(node_db, fleet.server(ADDRESS)) as agent:
+        code, health = _get(_connect(agent.port, fleet.client()), "/api/v1/health")
+    assert code == 200 and health["crl"]["state"] == "expiring" and 19 <= health["crl"]["days_left"] <= 20
+    assert "EXPIRES" in health["crl"]["message"] and "straggler pki crl" in health["crl"]["message"]
+    assert any("the CRL" in line and "EXPIRES" in line for line in agent.lines), agent.lines
+    out = subprocess.run([sys.executable, "-m", "straggler.cli", "status", "--db", str(node_db),
+                          "--crl", str(fleet.dir / "crl.pem")], capture_output=True, text=True, timeout=60,
+                         env=venv_env(), cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert "WARNING" in out.stderr and "EXPIRES" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert "EXPIRES" in out.stdout
+
+
+# ---------------------------------------------------------------- fair shares
+
+def test_one_client_holding_its_share_gets_429s_and_the_controller_is_still_answered(certs, node_db):
+    hog = _client(certs, "hog")
+    with Serve(node_db, certs.server(ADDRESS), "--max-connections", "24", "--max-connections-per-client", "4",
+               "--max-queries-per-client", "2") as agent:
+        held, refused = [], []
+        for _ in range(30):   # more connections than the whole server takes
+            conn = _connect(agent.port, hog)
+            code, _, answer = _query(conn, "SELECT 1")
+            (held if code == 200 else refused).append((conn, code, answer))
+        assert len(held) == 4, [c for _, c, _ in held + refused]
+        assert all(code == 429 and answer["kind"] == "too-many-connections" and _one_line(answer)
+                   for _, code, answer in refused)
+        outcome = {}
+
+        def slow(index, conn):
+            outcome[index] = _query(conn, SLOW_SQL, timeout_s=4)
+
+        threads = [threading.Thread(target=slow, args=(i, held[i][0])) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.5)   # both slow queries running
+        code, _, third = _query(held[2][0], "SELECT 1")
+        controller = _connect(agent.port, certs.client())
+        answered = _query(controller, "SELECT count(*) FROM events")
+        health = _get(controller, "/api/v1/health")
+        hog_still_running = all(thread.is_alive() for thread in threads)
+        for thread in threads:
+            thread.join(timeout=30)
+        for conn, _, _ in held + refused:
+            conn.close()
+        controller.close()
+    assert code == 429 and third["kind"] == "too-many-requests" and _one_line(third), third
+    assert answered[0] == 200 and answered[2]["rows"] == [[6]]
+    assert health[0] == 200
+    assert hog_still_running, "the controller was answered only after the hog's queries ended"
+    assert [outcome[i][0] for i in range(2)] == [400, 400] and outcome[0][2]["kind"] == "timeout"
+
+
+def test_a_connection_past_its_lifetime_is_closed_by_the_next_answer(certs, node_db):
+    with Serve(node_db, certs.server(ADDRESS), "--max-connection-seconds", "1") as agent:
+        conn = _connect(agent.port, certs.client())
+        conn.request("GET", "/api/v1/health")
+        first = conn.getresponse()
+        first.read()
+        time.sleep(1.2)
+        conn.request("GET", "/api/v1/health")
+        second = conn.getresponse()
+        second.read()
+        conn.close()
+    assert first.status == second.status == 200
+    assert first.getheader("Connection") is None and second.getheader("Connection") == "close"
+
+
+# ---------------------------------------------------------------- deadlines and parameters
+
+@pytest.fixture(scope="module")
+def big_db(tmp_path_factory):
+    """About 240 MB: 60k rows of 3900 bytes (one page each), and 2M rows of lost events."""
+    db = tmp_path_factory.mktemp("big") / "big.db"
+    make_node_db(db, "gpu-node-09", 0)
+    conn = sqlite3.connect(str(db))
+    conn.execute("CREATE TABLE padding(x)")
+    conn.execute("WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r LIMIT 60000) "
+                 "INSERT INTO padding SELECT zeroblob(3900) FROM r")
+    conn.execute("WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r LIMIT 2000000) "
+                 "INSERT INTO lost_events SELECT 'gpu-node-09', 'cuda', i * 1000, 1000, 1 FROM r")
+    conn.commit()
+    conn.close()
+    return db
+
+
+def test_a_count_over_a_big_table_is_stopped_inside_its_one_opcode(certs, big_db):
+    """count(*) is one VDBE opcode: a progress handler is never called while it runs, so before, the
+    query answered long after its deadline; the watchdog's interrupt stops it."""
+    with Serve(big_db, certs.server(ADDRESS)) as agent:
+        conn = _connect(agent.port, certs.client())
+        code, _, answer = _query(conn, "SELECT count(*) FROM padding", timeout_s=0.01)
+        checked = _query(conn, "PRAGMA integrity_check", timeout_s=0.01)
+        at_once = _query(conn, "SELECT count(*) FROM padding", timeout_s=0)   # past before SQLite starts
+        after = _query(conn, "SELECT count(*) FROM events")
+        conn.close()
+    assert code == 400 and answer["kind"] == "timeout" and _one_line(answer), answer
+    assert checked[0] == 400 and checked[2]["kind"] == "timeout"
+    assert at_once[0] == 400 and at_once[2]["kind"] == "timeout"
+    assert after[0] == 200 and after[2]["rows"] == [[6]]
+
+
+def test_a_light_route_over_a_big_store_answers_503_at_its_deadline(certs, big_db):
+    with Serve(big_db, certs.server(ADDRESS), "--light-timeout", "0.05") as agent:
+        conn = _connect(agent.port, certs.client())
+        code, answer = _get(conn, "/api/v1/health")
+        query = _query(conn, "SELECT count(*) FROM events")
+        conn.close()
+    assert code == 503 and answer["kind"] == "timeout" and _one_line(answer), answer
+    assert "time limit" in answer["error"]
+    assert query[0] == 200
+
+
+def test_a_huge_sort_is_stopped_by_the_query_memory_cap_and_a_small_query_beside_it_is_answered(certs, node_db):
+    with Serve(node_db, certs.server(ADDRESS), "--max-query-memory", str(32 * MB)) as agent:
+        baseline = agent.status("VmHWM")
+        outcome = {}
+
+        def sort():
+            outcome["sort"] = _query(_connect(agent.port, _client(certs, "hog")), BIG_SORT_SQL, limit=10, timeout_s=25)
+
+        thread = threading.Thread(target=sort)
+        thread.start()
+        small = []
+        for _ in range(20):   # small queries while the sort grows
+            small.append(_query(_connect(agent.port, certs.client()), "SELECT count(*) FROM events")[0])
+            if not thread.is_alive():
+                break
+            time.sleep(0.1)
+        thread.join(timeout=60)
+        grown = agent.status("VmHWM") - baseline
+    code, _, answer = outcome["sort"]
+    assert code == 400 and answer["kind"] == "memory" and _one_line(answer), answer
+    assert small and set(small) == {200}
+    assert grown < 150 * MB, f"peak RSS grew by {grown / MB:.0f} MB with a 32 MiB query memory cap"
+
+
+BAD_PARAMETERS = [
+    ("/api/v1/live?since=100000000000000000000", "out of range"),
+    ("/api/v1/live?since=-100000000000000000000", "out of range"),
+    ("/api/v1/live?since=yesterday", "an integer"),
+    ("/api/v1/live?since=1e9", "an integer"),
+]
+
+
+def test_bad_parameters_are_400s_with_one_line_and_no_traceback(certs, node_db):
+    with Serve(node_db, certs.server(ADDRESS)) as agent:
+        conn = _connect(agent.port, certs.client())
+        answers = {path: _get(conn, path) for path, _ in BAD_PARAMETERS}
+        numbers = {}
+        for field, value in (("limit", 10 ** 30), ("timeout_s", 1e300)):
+            conn.request("POST", "/api/v1/query", body=json.dumps({"sql": "SELECT 1", field: value}))
+            response = conn.getresponse()
+            numbers[field] = (response.status, json.loads(response.read()))
+        conn.close()
+    for path, words in BAD_PARAMETERS:
+        code, answer = answers[path]
+        assert code == 400 and _one_line(answer) and words in answer["error"], (path, answer)
+    assert {field: code for field, (code, _) in numbers.items()} == {"limit": 200, "timeout_s": 200}
+    assert not [line for line in agent.lines if "Traceback" in line or "ERROR" in line], agent.lines
+
+
+# ---------------------------------------------------------------- SQLite's defensive mode
+
+def test_which_defensive_mode_is_in_effect_and_that_it_bites(tmp_path, caplog):
+    """On this machine's Python (< 3.12 here) defensive mode comes through ctypes; where it cannot,
+    the fallback is one warning. Either way the test says which, and checks the behaviour: in
+    defensive mode `PRAGMA journal_mode=OFF` (which could corrupt a database) is ignored."""
+    db = tmp_path / "plain.db"
+    conn = sqlite3.connect(str(db))
+    conn.execute("CREATE TABLE t(x)")
+    conn.commit()
+    conn.close()
+    on, how = defensive_mode()
+    reader = open_readonly(str(db))
+    reader.execute("PRAGMA journal_mode=OFF")
+    mode = reader.execute("PRAGMA journal_mode").fetchone()[0]
+    reader.close()
+    plain = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    plain.execute("PRAGMA journal_mode=OFF")
+    unprotected = plain.execute("PRAGMA journal_mode").fetchone()[0]
+    plain.close()
+    assert unprotected == "off"                       # what a connection without defensive mode allows
+    if sys.version_info >= (3, 12):
+        assert on and "setconfig" in how
+    else:
+        assert on and how == "sqlite3_db_config through ctypes (auto-extension)", how
+    assert mode == "delete", "open_readonly's connection let journal_mode=OFF through: defensive mode is off"
+    assert sqlite_lib.memory_used() > 0
