@@ -55,8 +55,13 @@ class ActionModule(ControllerAction):
             raise AnsibleActionFail('no hosts to aggregate: the play has none; set hosts')
         active = task_vars.get('ansible_play_hosts')
         active_hosts = set(str(host) for host in active) if active is not None and not args['hosts'] else None
+        # under `serial`, the hosts of later batches have not run yet: pending, not missing
+        batch = task_vars.get('ansible_play_batch')
+        batch_hosts = set(str(host) for host in batch) if batch is not None and active_hosts is not None else None
+        if batch_hosts is not None and active_hosts <= batch_hosts:
+            batch_hosts = None
         registered = dict((host, plain(hostvar(task_vars, host, args['results']))) for host in hosts)
-        table = aggregate(hosts, registered, active_hosts)
+        table = aggregate(hosts, registered, active_hosts, batch_hosts)
 
         result.update(table)
         result['changed'] = False
@@ -66,8 +71,11 @@ class ActionModule(ControllerAction):
             result['changed'] = write_if_changed(args['dest'], text, check_mode=self._task.check_mode)
             result['dest'] = args['dest']
             result['format'] = output_format
-        answered = len(hosts) - len(table['missing'])
-        result['msg'] = '%d of %d hosts answered, %d rows' % (answered, len(hosts), table['row_count'])
+        asked = len(hosts) - len(table['pending'])
+        answered = asked - len(table['missing'])
+        result['msg'] = '%d of %d hosts answered, %d rows' % (answered, asked, table['row_count'])
         if table['missing']:
             result['msg'] += '; missing: %s' % ', '.join(table['missing'])
+        if table['pending']:
+            result['msg'] += '; %d in later batches (serial): %s' % (len(table['pending']), ', '.join(table['pending']))
         return result

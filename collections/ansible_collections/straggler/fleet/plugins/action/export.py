@@ -8,11 +8,14 @@ timeline is the core's job and must not happen here."""
 
 from __future__ import annotations
 
+import filecmp
 import os
+import tempfile
 
 from ansible.errors import AnsibleActionFail
 
 from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import (
+    RESULT_FILE_MODE,
     ControllerAction,
     core_error_types,
     import_core,
@@ -67,16 +70,32 @@ class ActionModule(ControllerAction):
         if self._task.check_mode:
             result.update(changed=True, msg='would export %s to %s' % (db, dest))
             return result
+        keywords = export_arguments(args)
+        keywords['fmt'] = result['format']
         try:
             os.makedirs(os.path.dirname(dest), exist_ok=True)
-            summary = export.export_perfetto(db, dest, **export_arguments(args))
+            # into a new file beside dest, which replaces dest only when it differs (changed only then)
+            fd, fresh = tempfile.mkstemp(prefix='.%s.' % os.path.basename(dest), dir=os.path.dirname(dest))
+            os.close(fd)
+        except OSError as exc:
+            raise AnsibleActionFail('cannot write into %s: %s; check dest' % (os.path.dirname(dest), exc)) from None
+        try:
+            summary = export.export_perfetto(db, fresh, **keywords)
+            changed = not (os.path.isfile(dest) and filecmp.cmp(fresh, dest, shallow=False))
+            if changed:
+                os.chmod(fresh, RESULT_FILE_MODE)
+                os.replace(fresh, dest)
         except core_error_types() as exc:
             raise AnsibleActionFail('export failed: %s' % exc) from None
+        finally:
+            if os.path.exists(fresh):
+                os.unlink(fresh)
         skipped = ''
         if isinstance(summary, dict) and summary.get('skipped'):
             skipped = '; skipped ' + ', '.join('%s events: %s' % (n, why) for why, n in summary['skipped'].items())
-        result.update(changed=True, size=os.path.getsize(dest),
-                      msg='exported %s to %s (%s)%s; open it at https://ui.perfetto.dev' % (db, dest, result['format'], skipped))
+        result.update(changed=changed, size=os.path.getsize(dest),
+                      msg='%s %s to %s (%s)%s; open it at https://ui.perfetto.dev'
+                          % ('exported' if changed else 'unchanged: already exported', db, dest, result['format'], skipped))
         if isinstance(summary, dict):
             result['summary'] = plain(summary)
         return result

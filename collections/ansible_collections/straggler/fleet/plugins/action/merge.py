@@ -16,6 +16,7 @@ import os
 from ansible.errors import AnsibleActionFail
 
 from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import (
+    RESULT_FILE_MODE,
     ControllerAction,
     core_error_types,
     hostvar,
@@ -135,6 +136,10 @@ class ActionModule(ControllerAction):
         except core_error_types() as exc:
             raise AnsibleActionFail('merge failed: %s' % exc) from None
         summary = plain(summary)
+        try:
+            os.chmod(dest, RESULT_FILE_MODE)      # what the nodes recorded: for the controller's user only
+        except OSError:
+            pass
         result.update(changed=summary.get('changed') is not False, summary=summary, nodes=summary.get('nodes', []),
                       unaligned=summary.get('unaligned', []), offset_unknown=summary.get('offset_unknown', []))
         result['msg'] = 'merged %d databases (%d nodes) into %s' % (len(inputs), len(result['nodes']), dest)

@@ -18,6 +18,10 @@ description:
     M(straggler.fleet.fleet_query) task, titled with its play and task names, then a status line per host or node
     (unreachable and failed ones with their message), and the missing hosts; and the verdict and ranked findings
     of every M(straggler.fleet.explain) task.
+  - A run with no such task (an ad hoc C(ansible gpu -b -m straggler.fleet.query -a "sql=..."), or a playbook that
+    runs M(straggler.fleet.query) without aggregating) gets one table per M(straggler.fleet.query) task, every host's
+    rows together, as M(straggler.fleet.aggregate) would make it. For ad hoc commands Ansible loads this callback only
+    with C(bin_ansible_callbacks = True) in C(ansible.cfg) (or E(ANSIBLE_LOAD_CALLBACK_PLUGINS)).
   - Tables are drawn with C(rich) when it is installed on the controller, else as aligned plain text.
   - Works beside any stdout callback. When the stdout callback writes JSON for programs (C(json), C(jsonl),
     C(ansible.posix.json)), the summary goes to stderr so the JSON stays parseable; notification callbacks such as
@@ -57,12 +61,13 @@ import shutil
 from ansible import constants as C
 from ansible.plugins.callback import CallbackBase
 
-from ansible_collections.straggler.fleet.plugins.plugin_utils.aggregation import HOST_STATUS_COLUMNS, host_status_rows
+from ansible_collections.straggler.fleet.plugins.plugin_utils.aggregation import HOST_STATUS_COLUMNS, aggregate, host_status_rows
 
 SUMMARISED_ACTIONS = {
     'straggler.fleet.aggregate': 'aggregate',
     'straggler.fleet.fleet_query': 'fleet_query',
     'straggler.fleet.explain': 'explain',
+    'straggler.fleet.query': 'query',
 }
 MACHINE_READABLE_STDOUT = ('json', 'jsonl')
 
@@ -178,6 +183,7 @@ class CallbackModule(CallbackBase):
     def __init__(self, display=None):
         super(CallbackModule, self).__init__(display=display)
         self._pending = []
+        self._queries = []          # [(title, {host: result})] of straggler.fleet.query tasks, in order
         self._play_name = ''
 
     def _output(self):
@@ -203,14 +209,33 @@ class CallbackModule(CallbackBase):
         if kind is None:
             return
         payload = result._result
+        title = '%s%s' % (self._play_name + ': ' if self._play_name else '', task.get_name().strip())
+        if kind == 'query':
+            if not self._queries or self._queries[-1][0] != task._uuid:
+                self._queries.append((task._uuid, title, {}))
+            self._queries[-1][2][result._host.get_name()] = payload
+            return
         items = payload.get('results') if isinstance(payload.get('results'), list) else [payload]
         for item in items:
             if isinstance(item, dict) and ('columns' in item or 'hosts' in item or 'nodes' in item or item.get('msg')):
-                title = '%s%s' % (self._play_name + ': ' if self._play_name else '', task.get_name().strip())
                 self._pending.append((kind, title, item))
 
+    def _query_tables(self):
+        """One aggregate table per straggler.fleet.query task, when the run printed no table of its own."""
+        queries, self._queries = self._queries, []
+        if self._pending:
+            return []
+        tables = []
+        for dummy, title, by_host in queries:
+            try:
+                tables.append(('aggregate', title, aggregate(list(by_host), by_host)))
+            except Exception as exc:  # no straggler core on the controller: say so instead of a table
+                tables.append(('aggregate', title, dict(msg='no table: %s' % str(exc).splitlines()[0])))
+        return tables
+
     def _flush(self):
-        pending, self._pending = self._pending, []
+        tables = self._query_tables()
+        pending, self._pending = self._pending + tables, []
         output = self._output()
         if not pending or output == 'off':
             return
@@ -227,6 +252,9 @@ class CallbackModule(CallbackBase):
         self._record(result)
 
     def v2_runner_on_failed(self, result, ignore_errors=False):
+        self._record(result)
+
+    def v2_runner_on_unreachable(self, result):
         self._record(result)
 
     def v2_playbook_on_stats(self, stats):

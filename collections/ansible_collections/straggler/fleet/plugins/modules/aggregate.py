@@ -17,6 +17,8 @@ description:
   - Covers every host of the play, including those that failed or were unreachable (C(ansible_play_hosts_all));
     they appear in RV(hosts) with their status and message and in RV(missing), and contribute no rows.
     Unreachable hosts never make this task fail.
+  - Works under C(serial) - in each batch the table holds the hosts that have run so far, and the hosts of later
+    batches are RV(pending), not missing; the last batch's table holds them all.
   - Runs once per play on the controller, whatever the play's hosts (like C(run_once)), and contacts no host.
   - Writes the table to O(dest) as JSON, CSV or Markdown when asked; the file is rewritten only when its
     content changes, and then the task reports a change.
@@ -66,7 +68,8 @@ attributes:
 notes:
   - "Host statuses: C(ok) (rows), C(empty) (answered with no rows), C(failed), C(unreachable), C(skipped),
     C(missing) (no registered result: the host left the play earlier, or the task did not run on it),
-    C(invalid) (the variable is not a query result)."
+    C(pending) (under C(serial): the host is in a later batch and has not run yet; the aggregate of the last batch
+    holds every batch's rows), C(invalid) (the variable is not a query result)."
 seealso:
   - module: straggler.fleet.query
   - module: straggler.fleet.fleet_query
@@ -129,38 +132,53 @@ hosts:
     host:
       description: Inventory hostname.
       type: str
+      sample: gpu-node-01
     node:
       description: The node name the agent reported (the inventory hostname when there was no answer).
       type: str
+      sample: gpu-node-01
     status:
-      description: One of C(ok), C(empty), C(failed), C(unreachable), C(skipped), C(missing), C(invalid).
+      description: One of C(ok), C(empty), C(failed), C(unreachable), C(skipped), C(missing), C(pending), C(invalid).
       type: str
+      sample: ok
     answered:
       description: Whether the host answered (RV(hosts[].status) C(ok) or C(empty), the rule of the core's fleet client).
       type: bool
+      sample: true
     message:
       description: Why the host has no rows (the task's own message, as one line), empty when it answered.
       type: str
+      sample: ''
     row_count:
       description: Rows the host returned.
       type: int
+      sample: 1
     truncated:
       description: Whether the host had more rows than the query's limit.
       type: bool
+      sample: false
     elapsed_ms:
       description: Milliseconds the query took on the host.
       type: float
+      sample: 1.2
   sample:
     - {host: gpu-node-01, node: gpu-node-01, status: ok, answered: true, message: '', row_count: 1, truncated: false,
        elapsed_ms: 1.2}
     - {host: gpu-node-05, node: gpu-node-05, status: unreachable, answered: false,
        message: 'Failed to connect to the host via ssh', row_count: 0, truncated: false, elapsed_ms: null}
 missing:
-  description: Hosts whose rows are not in the table (those that did not answer, RV(hosts[].answered) false).
+  description: Hosts whose rows are not in the table (those that did not answer, RV(hosts[].answered) false), except
+    the RV(pending) ones.
   returned: success
   type: list
   elements: str
   sample: [gpu-node-05]
+pending:
+  description: Under C(serial), the hosts of later batches, which have not run yet (empty without C(serial)).
+  returned: success
+  type: list
+  elements: str
+  sample: [gpu-node-07, gpu-node-08]
 dest:
   description: The file written, when O(dest) was given.
   returned: when O(dest) is set

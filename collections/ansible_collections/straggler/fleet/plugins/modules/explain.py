@@ -128,24 +128,29 @@ cause:
     - The same keys as each of RV(findings).
   returned: success
   type: dict
+  sample: {node: gpu-node-03, cause: cpu-contention, severity: critical, share: 0.74, summary: 'CPU contention on gpu-node-03: ...'}
 findings:
   description: Ranked findings (severity, node, cause, summary, numbers, sql, sources, recommendation, share).
   returned: success
   type: list
+  sample: [{node: gpu-node-03, cause: straggler, severity: critical, share: 1.0, summary: 'gpu-node-03 (rank 2) is the straggler: ...'}]
   elements: dict
 missing:
   description: Nodes that could not be asked (live explain), each with node, status and message.
   returned: success
   type: list
+  sample: [{node: gpu-node-05, status: unreachable, message: 'connection refused'}]
   elements: dict
 report:
   description: The whole report (straggler, findings, per-node summary rows, missing nodes, source, options, seconds).
   returned: success
   type: dict
+  sample: {straggler: gpu-node-03, stragglers: [gpu-node-03], findings: [], nodes: [], missing: []}
 written:
   description: The files written (O(dest), O(markdown), O(junit)) whose content changed.
   returned: success
   type: list
+  sample: [results/report.json, results/report.md]
   elements: str
 msg:
   description: One line naming the straggler and the cause that explains most of its excess, or saying that there is none.

@@ -112,6 +112,7 @@ db:
   description: The database exported.
   returned: always
   type: str
+  sample: /home/me/straggler/results/cluster.db
 format:
   description: The format written (V(perfetto) or V(json)).
   returned: always
@@ -121,12 +122,15 @@ size:
   description: Size of the trace file in bytes.
   returned: success, not in check mode
   type: int
+  sample: 310429
 summary:
   description: What the core's export reported (slices, counter samples, findings, nodes, events skipped per reason).
   returned: when the core returns a summary
   type: dict
+  sample: {nodes: 4, slices: 52000, counters: 1200, findings: 3}
 msg:
   description: One line saying what was written.
   returned: always
   type: str
+  sample: 'exported results/cluster.db to results/trace.pftrace (perfetto); open it at https://ui.perfetto.dev'
 """

@@ -159,41 +159,53 @@ nodes:
     address:
       description: The C(host:port) queried.
       type: str
+      sample: '10.0.12.11:7500'
     host:
       description: The inventory hostname the address was built from (null when O(nodes) was given).
       type: str
+      sample: gpu-node-01
     node:
       description: The node name the agent reported.
       type: str
+      sample: gpu-node-01
     status:
       description: One of C(ok), C(empty), C(sql-error), C(tls-error), C(forbidden), C(refused), C(timeout), C(truncated),
         C(unreachable).
       type: str
+      sample: ok
     answered:
       description: Whether the node answered (RV(nodes[].status) C(ok) or C(empty), the rule of the core's fleet client).
       type: bool
+      sample: true
     message:
       description: One line saying what failed, empty when the node answered.
       type: str
+      sample: ''
     latency_ms:
       description: Milliseconds the node took to answer.
       type: float
+      sample: 12.4
     row_count:
       description: Rows the node returned.
       type: int
+      sample: 1
     offset_ns:
       description: The node's clock offset to the controller, in ns.
       type: int
+      sample: 15000
     uncertainty_ns:
       description: Uncertainty of RV(nodes[].offset_ns), in ns.
       type: int
+      sample: 400000
     offset_flagged:
       description: Whether the node's clock is off by more than RV(offset_threshold_ns) even at the near edge of its
         uncertainty.
       type: bool
+      sample: false
     truncated:
       description: Whether the node had more rows than O(limit) (or than the agent's answer size cap).
       type: bool
+      sample: false
 offsets:
   description: Clock offset and its uncertainty per answering node (node realtime minus controller realtime, ns), and
     whether it is flagged (above RV(offset_threshold_ns) even allowing for the uncertainty).
@@ -230,6 +242,7 @@ dest:
   description: The JSON file written, when O(dest) was given.
   returned: when O(dest) is set
   type: str
+  sample: results/allreduce.json
 msg:
   description: One line saying how many nodes answered and which did not.
   returned: always

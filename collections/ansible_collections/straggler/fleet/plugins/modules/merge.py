@@ -138,15 +138,18 @@ inputs:
   description: The input databases, in merge order.
   returned: always
   type: list
+  sample: [results/nodes/gpu-node-01.db, results/nodes/gpu-node-02.db]
   elements: str
 offsets:
   description: The offsets passed to the merge (node to C({offset_ns, uncertainty_ns})).
   returned: always
   type: dict
+  sample: {gpu-node-01: 0, gpu-node-02: -1520000}
 hosts_without_offsets:
   description: Hosts of O(offsets_from_hosts) that had no C(straggler_clock) fact.
   returned: always
   type: list
+  sample: [gpu-node-04]
   elements: str
 nodes:
   description: Node names in the cluster database.
@@ -158,18 +161,22 @@ unaligned:
   description: Nodes without clock pairs (their C(ts_aligned) is NULL).
   returned: success, not in check mode
   type: list
+  sample: []
   elements: str
 offset_unknown:
   description: Nodes with no measured offset (their wall clock is taken as correct).
   returned: success, not in check mode
   type: list
+  sample: []
   elements: str
 summary:
   description: The core merge's full summary (inputs, renames, rows per table, clock alignment per node, seconds taken).
   returned: success, not in check mode
   type: dict
+  sample: {changed: true, nodes: [gpu-node-01, gpu-node-02], rows: 104000}
 msg:
   description: One line saying what was merged, and which nodes lack clock data.
   returned: always
   type: str
+  sample: 'merged 2 databases (2 nodes) into results/cluster.db'
 """

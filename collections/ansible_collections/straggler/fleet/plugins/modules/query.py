@@ -43,8 +43,10 @@ options:
   limit:
     description:
       - The most rows to return. RV(truncated) says whether more rows were there.
+      - The same default as M(straggler.fleet.fleet_query)'s O(straggler.fleet.fleet_query#module:limit), so that the same
+        SQL gives the same table over either path.
     type: int
-    default: 1000
+    default: 10000
   timeout:
     description:
       - Seconds the query may run before the agent interrupts it.
@@ -188,7 +190,7 @@ def main():
         argument_spec=dict(
             sql=dict(type='str', required=True),
             db=dict(type='path', default=DEFAULT_DB),
-            limit=dict(type='int', default=1000),
+            limit=dict(type='int', default=10000),
             timeout=dict(type='float', default=10.0),
             straggler_bin=dict(type='path'),
         ),

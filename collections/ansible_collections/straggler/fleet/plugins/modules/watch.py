@@ -143,16 +143,19 @@ events:
     - Every event of the watch, in order. C(event) is one of start, onset, cause-change, recovered, lost, back, end.
   returned: success
   type: list
+  sample: [{event: onset, node: gpu-node-03, rank: 2, cause: cpu-contention, share: 0.7}]
   elements: dict
 lost:
   description: The nodes (their names, or their addresses when they never answered) not answering when the watch ended.
   returned: success
   type: list
+  sample: []
   elements: str
 written:
   description: The files written (O(dest)) whose content changed.
   returned: success
   type: list
+  sample: [results/watch.jsonl]
   elements: str
 msg:
   description: One line naming the straggler and its cause, or saying that none was named.

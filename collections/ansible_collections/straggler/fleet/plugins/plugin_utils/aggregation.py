@@ -18,25 +18,29 @@ from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import 
 MESSAGE_LIMIT = 300
 
 
-def host_status(host, registered, active_hosts=None):
+def host_status(host, registered, active_hosts=None, batch_hosts=None):
     """A status dict for one host from its registered query result (None when it has none).
 
     status is one of ok (rows), empty (answered, no rows), failed, unreachable, skipped,
-    missing (nothing registered) or invalid (registered from something that is not a query);
+    missing (nothing registered), pending (nothing registered yet: the host is still in the play
+    but in a later batch of `serial`; batch_hosts: the current batch) or invalid (registered from
+    something that is not a query);
     answered: whether the status is one the core counts as answered
     (straggler.fleet.client.ANSWERED: ok, empty); message: one line (straggler.text.one_line)."""
     entry = dict(host=host, node=host, status='missing', message='', row_count=0, truncated=False, elapsed_ms=None)
-    entry.update(_judged(host, registered, active_hosts))
+    entry.update(_judged(host, registered, active_hosts, batch_hosts))
     entry['answered'] = entry['status'] in import_core('fleet.client').ANSWERED
     return entry
 
 
-def _judged(host, registered, active_hosts):
+def _judged(host, registered, active_hosts, batch_hosts=None):
     """The status, message and counts of one host's registered result (see host_status)."""
     one_line = import_core('text').one_line
     entry = {}
     if registered is None:
-        if active_hosts is not None and host not in active_hosts:
+        if batch_hosts is not None and host not in batch_hosts and (active_hosts is None or host in active_hosts):
+            entry.update(status='pending', message='in a later batch (serial): its rows come in that batch\'s table')
+        elif active_hosts is not None and host not in active_hosts:
             entry['message'] = 'no result: the host left the play before the query ran (it failed or was unreachable earlier)'
         else:
             entry['message'] = 'no result registered for this host: did the query task run on it?'
@@ -65,21 +69,23 @@ def _judged(host, registered, active_hosts):
     return entry
 
 
-def aggregate(hosts, registered_by_host, active_hosts=None):
+def aggregate(hosts, registered_by_host, active_hosts=None, batch_hosts=None):
     """One table from every host's registered query result.
 
     hosts: inventory hostnames in the order rows should appear.
     registered_by_host: host -> registered result (missing key or None: nothing registered).
     active_hosts: the hosts still in the play (to explain a missing result), or None.
+    batch_hosts: the hosts of the current batch under `serial` (the others still in the play are
+    pending, not missing), or None.
 
-    Returns dict(columns, rows, hosts, missing, row_count), the table by the core's
+    Returns dict(columns, rows, hosts, missing, pending, row_count), the table by the core's
     combine_answers (see the module docstring); a host whose columns differ keeps its rows and
     its status message says how."""
     statuses = []
     answering = []
     for host in hosts:
         registered = registered_by_host.get(host)
-        status = host_status(host, registered, active_hosts)
+        status = host_status(host, registered, active_hosts, batch_hosts)
         statuses.append(status)
         if status['answered']:
             answering.append((status, [str(column) for column in (registered.get('columns') or [])],
@@ -90,8 +96,9 @@ def aggregate(hosts, registered_by_host, active_hosts=None):
     for (status, dummy, dummy_rows), note in zip(answering, notes):
         if note:
             status['message'] = '; '.join(part for part in (status['message'], note) if part)
-    missing = [status['host'] for status in statuses if not status['answered']]
-    return dict(columns=out_columns, rows=rows, hosts=statuses, missing=missing, row_count=len(rows))
+    missing = [status['host'] for status in statuses if not status['answered'] and status['status'] != 'pending']
+    pending = [status['host'] for status in statuses if status['status'] == 'pending']
+    return dict(columns=out_columns, rows=rows, hosts=statuses, missing=missing, pending=pending, row_count=len(rows))
 
 
 HOST_STATUS_COLUMNS = ['host', 'node', 'status', 'rows', 'message']

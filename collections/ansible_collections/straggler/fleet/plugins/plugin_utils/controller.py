@@ -22,6 +22,9 @@ from ansible.module_utils.common.text.converters import to_bytes, to_text
 from ansible.plugins.action import ActionBase
 
 SUPPORTED_FORMATS = ('json', 'csv', 'markdown')
+# The files the actions write on the controller (tables, reports, databases, traces) hold what the nodes
+# recorded, command lines included: for the controller's user only.
+RESULT_FILE_MODE = 0o600
 # the installed collection's root (plugins/plugin_utils/ is two levels down): where its wheel and requirements are
 _COLLECTION_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -159,8 +162,8 @@ def guess_format(dest, requested):
 
 
 def write_if_changed(path, text, check_mode=False):
-    """Write `text` to `path` atomically (creating parent directories) unless it already holds
-    exactly that. Returns True when the file was (or, in check mode, would be) written."""
+    """Write `text` to `path` atomically (creating parent directories), mode RESULT_FILE_MODE, unless
+    it already holds exactly that. Returns True when the file was (or, in check mode, would be) written."""
     path = os.path.abspath(os.path.expanduser(path))
     data = to_bytes(text)
     try:
@@ -178,7 +181,7 @@ def write_if_changed(path, text, check_mode=False):
         try:
             with os.fdopen(fd, 'wb') as handle:
                 handle.write(data)
-            os.chmod(temp_path, 0o644)
+            os.chmod(temp_path, RESULT_FILE_MODE)
             os.replace(temp_path, path)
         except BaseException:
             if os.path.exists(temp_path):
