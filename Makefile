@@ -14,6 +14,11 @@ demo: setup
 test: setup
 	$(PY) -m pytest -p no:cacheprovider -rfEs --durations=15 tests
 
+# the inner loop (docs/testing.md): no test bed, no eBPF, no Ansible runs; the collection's unit tests too
+test-fast: setup
+	$(PY) -m pytest -p no:cacheprovider -rfEs --durations=15 -m "not slow" tests \
+		collections/ansible_collections/straggler/fleet/tests/unit
+
 sanity: setup
 	@bash scripts/sanity.sh
 

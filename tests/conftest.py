@@ -1,8 +1,14 @@
 """Shared pytest fixtures and markers for all of straggler's tests.
 
 Keep this file to what several test files share: the multi-host `testbed` fixture, the
-`root_required` guard and the `bpf` / `systemd` markers. A fixture that only one test file needs
-belongs in that file. This file must not start anything at import time.
+`root_required` guard, the `bpf` / `systemd` markers and the tiers. A fixture that only one test
+file needs belongs in that file. This file must not start anything at import time.
+
+Tiers: `make test` runs everything; `make test-fast` runs `-m "not slow"` (the inner loop). A test
+is marked `slow` here, at collection, never by hand: when it uses a test bed or the installed
+collection (by fixture, directly or through another fixture), is marked `bpf` or `systemd`, or lives
+in a file of SLOW_FILES (ansible-playbook, ansible-test or ansible-lint runs). Its reason is the
+marker's `reason` (`pytest --collect-only -q -m slow` lists them).
 
     def test_x(testbed):                      # 4 live hosts gpu-node-01..04 + gpu-node-dead
         env = testbed.ansible_env()           # ANSIBLE_CONFIG=<state>/ansible.cfg
@@ -31,9 +37,44 @@ SYSTEMD_FALLBACK_IDS = range(230, 240)
 SYSTEMD_HOST = "gpu-node-systemd"
 
 
+# What makes a test `slow` (minutes to set up or run on a 2-core machine): the fixtures, the
+# markers, and the files whose every test runs Ansible's own tools.
+SLOW_FIXTURES = {
+    "testbed": "the multi-host test bed",
+    "systemd_testbed": "the systemd test host",
+    "installed_collection": "the collection built and installed with ansible-galaxy",
+}
+SLOW_MARKERS = {"bpf": "eBPF", "systemd": "the systemd test host"}
+SLOW_FILES = {
+    "test_collection.py": "ansible-playbook and ansible-test sanity runs",
+    "test_playbooks_local.py": "ansible-playbook runs",
+    "test_lint.py": "ansible-lint over the repository",
+}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "bpf: needs root and a kernel with BPF tracing (skipped with the reason otherwise)")
     config.addinivalue_line("markers", "systemd: needs the systemd-nspawn test host (debootstrap rootfs)")
+    config.addinivalue_line("markers", "slow: set at collection (conftest.py): a test bed, eBPF, the installed "
+                                       "collection or Ansible's tools; `make test-fast` deselects these")
+
+
+def _slow_reason(item: pytest.Item) -> str | None:
+    """Why `item` belongs to the slow tier, or None (the fast tier)."""
+    for name, reason in SLOW_MARKERS.items():
+        if item.get_closest_marker(name) is not None:
+            return reason
+    for name in getattr(item, "fixturenames", ()):   # the closure: fixtures requested through others too
+        if name in SLOW_FIXTURES:
+            return SLOW_FIXTURES[name]
+    return SLOW_FILES.get(item.path.name)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        reason = _slow_reason(item)
+        if reason is not None:
+            item.add_marker(pytest.mark.slow(reason=reason))
 
 
 def _bpf_unavailable_reason() -> str | None:
