@@ -6,7 +6,8 @@ metadata under collections/ansible_collections/straggler/fleet/, the roles under
 playbooks under playbooks/, the agent under agent/ and bpf/. This script assembles them in a
 temporary directory and runs `ansible-galaxy collection build` there:
 
-  plugins/, meta/, README.md, CHANGELOG.md, requirements.txt   from the collection's sources
+  plugins/, meta/, README.md, CHANGELOG.md, requirements.txt,  from the collection's sources
+  bindep.txt
   roles/<role>/                                                 from roles/ (as straggler.fleet.<role>)
   roles/<agent role>/files/wheels/straggler-<v>-py3-none-any.whl  the agent, built from agent/ and bpf/ (the
                                                                  BPF sources are its data files)
@@ -14,7 +15,8 @@ temporary directory and runs `ansible-galaxy collection build` there:
   LICENSE                                                       from the repository
 
 So an `ansible-galaxy collection install` needs no checkout: the agent role installs the bundled
-wheel on the hosts, and the controller installs the same wheel (see the collection's README).
+wheel on the hosts, and `pip install -r <collection>/requirements.txt` installs the same wheel on the
+controller (requirements.txt pins the core at the wheel's version and finds it there; checked here).
 It must not write into the source tree (only --output-dir), nor use the network.
 Prints one JSON line: {"collection": path, "wheel": name, "version": v, "files": n}.
 """
@@ -30,9 +32,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 COLLECTION_SRC = REPO / "collections" / "ansible_collections" / "straggler" / "fleet"
-SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", "output", ".pytest_cache")
+# playbooks/ansible.cfg serves the checkout only (installed, the playbooks are straggler.fleet.<name>)
+SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", "output", ".pytest_cache", "ansible.cfg")
 # what the collection's own sources contribute (its tests stay in the repository)
-COLLECTION_PARTS = ("plugins", "meta", "README.md", "CHANGELOG.md", "requirements.txt", "galaxy.yml")
+COLLECTION_PARTS = ("plugins", "meta", "README.md", "CHANGELOG.md", "requirements.txt", "bindep.txt", "galaxy.yml")
 
 
 class BuildError(Exception):
@@ -44,6 +47,18 @@ def _galaxy_version():
         if line.startswith("version:"):
             return line.split(":", 1)[1].strip().strip("'\"")
     raise BuildError(f"no version in {COLLECTION_SRC / 'galaxy.yml'}")
+
+
+def check_core_requirement(wheel: Path):
+    """The collection's requirements.txt names the core at the version of the wheel it ships (pip finds it
+    there: one `pip install -r requirements.txt` after `ansible-galaxy collection install`)."""
+    version = wheel.name.split("-")[1]
+    pins = [line.split("#", 1)[0].strip() for line in (COLLECTION_SRC / "requirements.txt").read_text().splitlines()
+            if line.split("#", 1)[0].strip().split("[")[0].split("=")[0].strip() == "straggler"]
+    wanted = [pin for pin in pins if pin.endswith("==" + version)]
+    if len(pins) != 1 or not wanted:
+        raise BuildError(f"{COLLECTION_SRC / 'requirements.txt'} must name the core once as straggler[...]=={version} "
+                         f"(the version of {wheel.name}), not {pins or 'nothing'}")
 
 
 def agent_role_dir(roles_root: Path) -> Path:
@@ -86,6 +101,7 @@ def build(output_dir: Path, keep_stage: Path = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="straggler-collection-") as tmp:
         work = Path(tmp)
         wheel = build_wheel(work)
+        check_core_requirement(wheel)
         stage = (keep_stage or work / "stage") / "ansible_collections" / "straggler" / "fleet"
         if stage.exists():
             shutil.rmtree(stage)

@@ -108,20 +108,7 @@ if [ "${STRAGGLER_SKIP_NVIDIA:-0}" != 1 ] && [ "$(cat "$NVIDIA_VENV/.straggler-w
     rm -rf "$NVIDIA_VENV"
   fi
 fi
-# A controller as a user of the built collection has it: only ansible-core plus what the collection
-# declares (its requirements.txt), no repository, no system site packages. tests/test_galaxy_collection.py
-# and tests/test_playbooks.py install the built collection and its agent wheel into it. Kept between runs.
-GALAXY_VENV=${STRAGGLER_GALAXY_VENV:-$HOME/.cache/straggler/galaxy-venv}
-GALAXY_REQS="ansible-core==$(.venv/bin/python -c 'import ansible.release as a; print(a.__version__)') $(grep -v '^#' collections/ansible_collections/straggler/fleet/requirements.txt | sed 's/#.*//' | tr -s ' \n' ' ')"
-if [ "$(cat "$GALAXY_VENV/.straggler-reqs" 2>/dev/null)" != "$GALAXY_REQS" ]; then
-  say "creating the collection users' controller venv $GALAXY_VENV (ansible-core + the collection's requirements)"
-  rm -rf "$GALAXY_VENV"
-  mkdir -p "$(dirname "$GALAXY_VENV")"
-  "$SYSPY" -m venv "$GALAXY_VENV" || die "python3 -m venv $GALAXY_VENV failed"
-  # shellcheck disable=SC2086
-  "$GALAXY_VENV/bin/python" -m pip install -q $GALAXY_REQS >"$GALAXY_VENV.log" 2>&1 \
-    || die "pip install $GALAXY_REQS into $GALAXY_VENV failed (see $GALAXY_VENV.log)"
-  echo "$GALAXY_REQS" > "$GALAXY_VENV/.straggler-reqs"
-fi
+# The collection users' controller venv is made by the tests themselves, fresh each session, from ansible-core
+# alone plus the collection's own `pip install -r requirements.txt` (tests/galaxy_helpers.py).
 .venv/bin/python -c 'import bcc, ansible, straggler, straggler_lab' || die ".venv cannot import bcc/ansible/straggler: rm -rf .venv and run make setup again"
 say "ok ($(.venv/bin/python -c 'import ansible.release as a, bcc; print("ansible-core", a.__version__, "| bcc", getattr(bcc, "__version__", "?"))'))"

@@ -1,7 +1,8 @@
 """The collection as a user installs it: `make collection` builds straggler-fleet-<version>.tar.gz,
-`ansible-galaxy collection install` puts it in an empty collections path, and a controller that has
-only ansible-core plus what the collection declares (its requirements.txt, and the agent wheel it
-carries) uses it from a directory outside the repository.
+`ansible-galaxy collection install` puts it in an empty collections path, and a fresh controller venv
+that had only ansible-core gets everything else from one `pip install -r <collection>/requirements.txt`
+(the straggler core from the wheel the collection carries), and uses it from a directory outside the
+repository; an execution environment's build context comes from `ansible-builder create`.
 
 What a user would notice: everything is in the tarball (plugins, both roles, the playbooks, the
 agent wheel with the BPF sources inside, LICENSE, changelog, runtime and execution-environment metadata), and
@@ -10,8 +11,11 @@ roles; the playbooks parse as `straggler.fleet.<name>`. (Running them against ho
 tests/test_playbooks.py, which uses the same installed collection.)"""
 import io
 import json
+import os
 import re
+import shutil
 import subprocess
+import sys
 import tarfile
 import zipfile
 from pathlib import Path
@@ -32,14 +36,15 @@ def installed(installed_collection):
 
 
 def _source_files(top: Path):
+    # playbooks/ansible.cfg serves the checkout only, and stays out of the tarball
     return {str(p.relative_to(top)) for p in top.rglob("*")
-            if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc")}
+            if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc") and p.name != "ansible.cfg"}
 
 
 def test_the_tarball_holds_everything_a_user_needs_and_matches_the_sources(built):
     with tarfile.open(built["collection"]) as tar:
         members = {m.name: m for m in tar.getmembers() if m.isfile()}
-        for name in ("LICENSE", "CHANGELOG.md", "README.md", "requirements.txt", "meta/runtime.yml",
+        for name in ("LICENSE", "CHANGELOG.md", "README.md", "requirements.txt", "bindep.txt", "meta/runtime.yml",
                      "meta/execution-environment.yml", "MANIFEST.json", "FILES.json"):
             assert name in members, name
         # nothing drifts: every source file of the plugins, roles and playbooks is in it, byte for byte
@@ -59,7 +64,7 @@ def test_the_tarball_holds_everything_a_user_needs_and_matches_the_sources(built
     assert len(wheels) == 1 and Path(wheels[0]).name == f"straggler-{version}-py3-none-any.whl", wheels
     assert bpf == {p.name: p.read_bytes() for p in [*(REPO / "bpf").glob("*.c"), *(REPO / "bpf").glob("*.h")]}
     assert manifest["collection_info"]["license"] == ["GPL-3.0-or-later"]
-    assert not [n for n in members if n.startswith("tests/") or "/__pycache__/" in n]
+    assert not [n for n in members if n.startswith("tests/") or "/__pycache__/" in n or n.endswith("ansible.cfg")]
 
 
 def test_ansible_doc_documents_every_plugin_and_both_roles_from_outside_the_repository(installed):
@@ -95,3 +100,59 @@ def test_the_playbooks_parse_as_collection_playbooks_and_the_controller_imports_
                            "straggler.fleet.client; print(straggler.__file__)"], cwd=root, env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and str(venv) in proc.stdout, proc.stderr
+
+
+def test_one_pip_install_after_galaxy_gives_the_core_at_the_collections_version_from_its_wheel(installed, built):
+    """The fixture made the venv from ansible-core alone and ran `pip install -r requirements.txt` of the
+    installed collection: the core came from the wheel inside it, at the version the requirements name."""
+    venv = installed["venv"]
+    requirements = (installed["path"] / "requirements.txt").read_text()
+    assert "--find-links roles/straggler_agent/files/wheels" in requirements
+    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "show", "-f", "straggler"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"Version: {built['version']}" in proc.stdout or f"Version: {built['wheel'].split('-')[1]}" in proc.stdout
+    assert re.search(rf"^straggler\[export\]=={re.escape(built['wheel'].split('-')[1])}\b", requirements, re.M)
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", "import perfetto, cryptography, yaml"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_ansible_builder_makes_the_ee_build_context_whose_pip_finds_the_core(installed, built, tmp_path):
+    """docs/ee/execution-environment.yml with the built tarball: `ansible-builder create` (v3 schema checked
+    by ansible-builder) writes the build context; its introspection of the installed collection (the
+    script the image build runs) lists the core and the system packages, and pip resolves that list with
+    the build's PIP_FIND_LINKS, offline for the core. (Building the image needs a container runtime.)"""
+    builder = Path(sys.executable).with_name("ansible-builder")
+    assert builder.exists(), f"{builder} missing: ansible-builder is in requirements-dev.txt, run 'make setup'"
+    definition = (REPO / "docs" / "ee" / "execution-environment.yml").read_text()
+    tarball = Path(built["collection"]).name
+    assert f"galaxy/{tarball}" in definition and f"src: {tarball}" in definition, "the EE definition names another version"
+    (tmp_path / "execution-environment.yml").write_text(definition)
+    shutil.copy(built["collection"], tmp_path / tarball)
+    proc = subprocess.run([str(builder), "create", "-f", "execution-environment.yml", "-c", "context",
+                           "--output-filename", "Containerfile"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    context = tmp_path / "context"
+    containerfile = (context / "Containerfile").read_text()
+    assert (context / "_build" / "galaxy" / tarball).is_file()
+    wheels = "/usr/share/ansible/collections/ansible_collections/straggler/fleet/roles/straggler_agent/files/wheels"
+    assert containerfile.count(f"ENV PIP_FIND_LINKS={wheels}") == 2, containerfile
+    out = tmp_path / "introspected"
+    proc = subprocess.run([sys.executable, str(context / "_build" / "scripts" / "introspect.py"), "introspect",
+                           str(installed["path"].parents[2]), f"--write-pip={out}/requirements.txt",
+                           f"--write-bindep={out}/bindep.txt"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    python_reqs = (out / "requirements.txt").read_text()
+    version = built["wheel"].split("-")[1]
+    assert f"straggler[export]=={version}  # from collection straggler.fleet" in python_reqs, python_reqs
+    assert "openssh-client [platform:dpkg]  # from collection straggler.fleet" in (out / "bindep.txt").read_text()
+    env = dict(os.environ, PIP_FIND_LINKS=str(installed["path"] / "roles" / "straggler_agent" / "files" / "wheels"))
+    proc = subprocess.run([str(installed["venv"] / "bin" / "python"), "-m", "pip", "install", "--dry-run",
+                           "--ignore-installed", "--report", str(tmp_path / "report.json"), "-q", "-r",
+                           str(out / "requirements.txt")], cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    resolved = {item["metadata"]["name"]: item for item in json.loads((tmp_path / "report.json").read_text())["install"]}
+    assert resolved["straggler"]["metadata"]["version"] == version
+    assert resolved["straggler"]["download_info"]["url"].startswith("file://"), resolved["straggler"]["download_info"]

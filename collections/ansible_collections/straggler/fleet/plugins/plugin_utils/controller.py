@@ -58,17 +58,19 @@ class ControllerAction(StragglerAction):
     _supports_check_mode = True
 
 
+def install_command():
+    """The one command that gives the Python running Ansible what the controller-side plugins import."""
+    return '%s -m pip install -r %s' % (sys.executable, os.path.join(_COLLECTION_DIR, 'requirements.txt'))
+
+
 def import_core(module_name):
     """Import `straggler.<module_name>` from the controller's Python, or fail the task with the fix."""
     full_name = 'straggler.' + module_name
     try:
         return importlib.import_module(full_name)
     except ImportError as exc:
-        raise AnsibleActionFail(
-            'cannot import %s on the controller (%s): install the straggler package and the collection\'s '
-            'requirements into the Python that runs ansible (%s): pip install -r %s/requirements.txt '
-            '%s/roles/straggler_agent/files/wheels/straggler-*.whl'
-            % (full_name, exc, sys.executable, _COLLECTION_DIR, _COLLECTION_DIR)) from None
+        raise AnsibleActionFail('cannot import %s on the controller (%s): run %s'
+                                % (full_name, exc, install_command())) from None
 
 
 def core_error_types():
