@@ -18,7 +18,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -29,6 +28,15 @@ pytestmark = pytest.mark.bpf
 
 WARMUP_S = 16.0      # clean steps traced before the writer starts (explain: the first quarter is the baseline)
 STRAGGLE_S = 40.0    # steps with the writer, then the job stops and the queries run
+PHASE_MIN_STEPS = 50  # and at least this many steps in each phase: a busy machine makes fewer per second
+
+
+def run_phase(demo, seconds):
+    """Let the job run for `seconds` and for at least PHASE_MIN_STEPS more steps on every rank
+    (bounded: Demo.wait_for_steps fails with the ranks' logs when they do not come)."""
+    start = min(demo.step_counts().values())
+    time.sleep(seconds)
+    demo.wait_for_steps(min_steps=start + PHASE_MIN_STEPS, timeout_s=180)
 
 
 @pytest.fixture(scope="module")
@@ -47,12 +55,12 @@ def field_case(testbed, tmp_path_factory):
         progress.step("the job, clean warm-up")
         demo.start_job(seconds=WARMUP_S + STRAGGLE_S + 150, with_writer=True, writer_seconds=STRAGGLE_S + 120)
         demo.wait_for_steps(min_steps=20)
-        time.sleep(WARMUP_S)
+        run_phase(demo, WARMUP_S)
         progress.step("explain, no writer yet")
         seen["clean_text"], seen["clean"] = demo.explain(name="explain-clean")
         progress.step("checkpoint writer on gpu-node-01")
         demo.start_writer()
-        time.sleep(STRAGGLE_S)
+        run_phase(demo, STRAGGLE_S)
         demo.stop_job()
         seen["steps"] = demo.step_stats()
         progress.step("fleet_query.yml")

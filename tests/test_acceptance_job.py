@@ -3,6 +3,7 @@ in lockstep and logs every step; the checkpoint writer is named ckpt-writer, wri
 files with fsync, and stops promptly. tests/test_acceptance.py runs the whole field case."""
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,15 +16,22 @@ PYTHON = sys.executable
 ENV = dict(os.environ, PYTHONPATH=str(REPO / "agent"), PYTHONUNBUFFERED="1")
 
 
+def free_port():
+    """A TCP port nobody listens on now, from the kernel: a fixed one may be another session's."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def test_two_ranks_train_in_lockstep_through_the_standin_and_log_every_step(tmp_path):
     pytest.importorskip("torch")
     torchrun = Path(PYTHON).parent / "torchrun"
     log_dir = tmp_path / "steps"
     proc = subprocess.run(
-        [str(torchrun), "--nnodes=1", "--nproc_per_node=2", "--master_addr=127.0.0.1", "--master_port=29517",
-         "-m", "straggler_lab.demo.trainer", "--steps", "30", "--seconds", "60", "--log-dir", str(log_dir),
-         "--standin-dir", str(tmp_path / "standin")],
-        env=dict(ENV, GLOO_SOCKET_IFNAME="lo"), capture_output=True, text=True, timeout=180)
+        [str(torchrun), "--nnodes=1", "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+         "-m", "straggler_lab.demo.trainer", "--steps", "30", "--seconds", "240", "--log-dir", str(log_dir),
+         "--standin-dir", str(tmp_path / "standin")],   # --seconds: only a bound, never what ends the run
+        env=dict(ENV, GLOO_SOCKET_IFNAME="lo"), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "(STAND-IN, no GPU)" in proc.stdout
     for rank in (0, 1):

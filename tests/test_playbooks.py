@@ -21,13 +21,11 @@ temporary directory.
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import sqlite3
 import ssl
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -308,7 +306,6 @@ def test_collect_produces_a_cluster_db_of_four_nodes_and_a_pftrace(deployed, tes
 @pytest.mark.parametrize("scenario,expected_rc", [("io_cpu", 2), ("clean", 0)])
 def test_diagnose_exits_2_only_when_a_straggler_is_found_and_writes_junit_and_markdown(
         testbed, work, tmp_path, scenario, expected_rc):
-    sys.path.insert(0, str(REPO / "agent"))
     from straggler_lab import synth
     db = tmp_path / "cluster.db"
     synth.write_cluster(str(db), synth.SynthSpec(scenario=scenario, events=20_000), work_dir=str(tmp_path))

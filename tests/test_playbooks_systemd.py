@@ -13,17 +13,13 @@ Slower than tests/test_playbooks.py (the container boots); marked `systemd`.
 """
 from __future__ import annotations
 
-import json
 import sqlite3
 import ssl
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from test_playbooks import (AGENT_PORT, REPO, collection_work, parse_recap, playbook_vars,  # noqa: F401
-                            run_playbook, tls_handshake)
+from test_playbooks import AGENT_PORT, collection_work, run_playbook, tls_handshake
 
 pytestmark = pytest.mark.systemd
 
@@ -45,7 +41,6 @@ def serve_argv(name: str) -> list:
 
 def put_store(bed, tmp_path: Path) -> None:
     """An empty store made with the real schema, where the agent would have written it."""
-    sys.path.insert(0, str(REPO / "agent"))
     from straggler.store import schema
     local = tmp_path / "store.db"
     with sqlite3.connect(local) as conn:
