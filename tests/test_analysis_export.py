@@ -122,3 +122,33 @@ def test_since_until_and_node_cut_the_trace(dbs, tmp_path, capsys):
     assert xs and all(e["ts"] + e["dur"] >= Decimal(500_000) and e["ts"] <= Decimal(1_000_000) for e in xs)
     with pytest.raises(ExportError, match="not in"):
         export_perfetto(dbs["cluster"], str(tmp_path / "x.json"), nodes=["gpu-node-99"])
+
+
+def test_episodes_are_slices_on_the_stragglers_process_and_gpus_are_counters(tmp_path):
+    """explain's straggle episodes: one slice per episode on a track of its own on the straggler's
+    process, where the episode is; the agent's GPU samples: a clock, temperature and power counter per GPU."""
+    import sqlite3
+    from straggler.analysis import explain
+    db = str(tmp_path / "late.db")
+    synth.write_cluster(db, synth.SynthSpec(scenario="io_cpu", events=60_000, straggler=1, interference_start=0.6))
+    conn = sqlite3.connect(db)
+    (t0,) = conn.execute("SELECT MIN(ts) FROM thread_time WHERE node = 'gpu-node-02'").fetchone()
+    conn.executemany("INSERT INTO gpu_samples(node, ts, gpu, sm_clock_mhz, sm_clock_max_mhz, temperature_c, power_mw) "
+                     "VALUES ('gpu-node-02', ?, 0, ?, 1980, 60, 300000)", [(t0 + (i + 1) * 10**9, 1980 - 10 * i) for i in range(5)])
+    conn.commit()
+    conn.close()
+    (episode,) = explain.explain_db(db).episodes
+    out = tmp_path / "t.json"
+    summary = export_perfetto(db, str(out))
+    events = _load(out)["traceEvents"]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    procs = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    (slice_,) = [e for e in events if e.get("cat") == "episode"]
+    assert names[(slice_["pid"], slice_["tid"])] == "findings (explain): straggle episodes"
+    assert procs[slice_["pid"]].startswith("gpu-node-02")
+    assert slice_["name"] == "straggler: " + max(episode["causes"], key=lambda c: c["share"])["cause"]
+    assert float(slice_["args"]["slowdown"]) == episode["slowdown"]
+    assert Decimal(slice_["ts"]) == Decimal(episode["start_ns"] - summary["trace_start_ns"]) / 1000
+    assert Decimal(slice_["dur"]) == Decimal(episode["end_ns"] - episode["start_ns"]) / 1000
+    counters = [e for e in events if e["ph"] == "C" and e["name"] == "GPU 0 SM clock"]
+    assert len(counters) == 5 and procs[counters[0]["pid"]].startswith("gpu-node-02")

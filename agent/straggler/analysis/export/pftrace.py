@@ -245,8 +245,9 @@ class PerfettoSink:
 
     def track(self, pid, name, lane=None, first=False):
         """A slice track under the node's process. The lanes of one laned track (lane not None) share
-        its name and a merge key, so the UI draws them as one track with rows; first: above the rest."""
-        uuid, d = self._child(pid, name, rank=FIRST_RANK if first else None)
+        its name and a merge key, so the UI draws them as one track with rows; first: above the rest (a
+        number above 1: that many places down among the first ones)."""
+        uuid, d = self._child(pid, name, rank=FIRST_RANK + max(0, int(first) - 1) if first else None)
         if lane is not None:
             d.sibling_merge_behavior = self.pb.TrackDescriptor.SIBLING_MERGE_BEHAVIOR_BY_SIBLING_MERGE_KEY
             d.sibling_merge_key = name

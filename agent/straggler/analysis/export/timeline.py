@@ -1,12 +1,15 @@
 """The export's content, written into a sink (jsonsink.JsonSink or pftrace.PerfettoSink) from SQL
 cursors: per node a process; per traced thread its CUDA/driver/NCCL calls as slices (in lanes, so
 every track nests), its off-CPU and run-queue intervals, block I/O per issuing process; counters
-(calls/s, block I/O bytes/s, and per rank the step-time model's components as % of wall time);
-explain's findings as instants where their evidence begins; the metadata.
+(calls/s, block I/O bytes/s, per rank the step-time model's components as % of wall time, per GPU its
+SM clock, temperature and power); explain's findings as instants where their evidence begins and its
+straggle episodes as slices on a track of the straggler node; the metadata.
 
 Memory depends on the number of tracks, not on the trace length. Only reads the database; must
 not choose what is exported (plan.py) or how it is encoded (the sinks).
 """
+import sqlite3
+
 from ...store import steptime
 from ...text import sql_quote
 
@@ -82,13 +85,16 @@ def write(conn, plan, sink, findings, nodes=None, whole=True):
     where_cut = plan.sql_bounds(order)
     report = plan.report if findings else None
     about = {f.node for f in report.findings} if report else set()     # nodes with a finding of their own
-    finding_track = {}
+    finding_track, episode_track = {}, {}
+    episodes_of = {e["node"] for e in (report.episodes if report else [])}
     for node in order:
         pid = node_pid[node]
         r = plan.rank[node]
         sink.process(pid, f"{node} (rank {r})" if r is not None else node, pid - 1, r, plan.describe_clock(node))
         if node in about:
             finding_track[node] = sink.track(pid, "findings (explain)", first=True)
+        if node in episodes_of:
+            episode_track[node] = sink.track(pid, "findings (explain): straggle episodes", first=2)
 
     tracks = {}
 
@@ -164,6 +170,8 @@ def write(conn, plan, sink, findings, nodes=None, whole=True):
         plan.skip(total - counts["slices"])
     counts["counters"] += _activity_counters(conn, plan, sink, node_list)
     counts["counters"] += _model_counters(conn, plan, sink, node_list)
+    counts["counters"] += _gpu_counters(conn, plan, sink, node_list)
+    counts["slices"] += _episode_slices(sink, report, episode_track)
     # explain's findings: instants at the time their evidence begins, on the node's findings track
     if report:
         for f in report.findings:
@@ -181,6 +189,58 @@ def write(conn, plan, sink, findings, nodes=None, whole=True):
     sink.close(meta)
     return dict(events=sink.records, nodes=list(order), trace_start_ns=plan.start_ns, **counts,
                 skipped=dict(plan.skipped), straggler=report.straggler if report else None)
+
+
+def _episode_slices(sink, report, tracks):
+    """explain's straggle episodes: one slice per episode on a track of its own on the straggler node's
+    process, from its start to its end (the fleet timeline), named by its cause. Like the findings, they
+    are explain's word about the whole trace: kept whatever the cut."""
+    n = 0
+    for e in (report.episodes if report else []):
+        if e["node"] not in tracks:
+            continue
+        start, end = int(e["start_ns"]), int(e["end_ns"])
+        top = max(e.get("causes") or [], key=lambda c: c["share"], default=None)
+        pattern = e.get("intermittent")
+        args = (("ranks", ",".join(str(r["rank"]) for r in e.get("ranks", []) if r.get("rank") is not None)),
+                ("slowdown", e["slowdown"]), ("lost_s", e["lost_s"]), ("cause", top["cause"] if top else "unknown"),
+                ("intermittent", f"period {pattern['period_s']} s, on {pattern['duty']:.0%}" if pattern else "no"),
+                ("summary", top["summary"] if top else ""))
+        sink.slice(tracks[e["node"]], start, max(0, end - start),
+                   f"straggler: {top['cause'] if top else 'unknown'}" + (" (intermittent)" if pattern else ""),
+                   "episode", args)
+        n += 1
+    for tr in tracks.values():
+        sink.track_done(tr)
+    return n
+
+
+GPU_COUNTERS = (("SM clock", "MHz", "sm_clock_mhz"), ("temperature", "°C", "temperature_c"),
+                ("power", "W", "power_mw / 1000.0"))
+
+
+def _gpu_counters(conn, plan, sink, node_list):
+    """Per GPU (the agent's NVML samples): its SM clock, temperature and power, a counter track each."""
+    try:
+        cur = conn.execute(f"""SELECT node, gpu, ts, {", ".join(expr for _, _, expr in GPU_COUNTERS)}
+                               FROM gpu_samples WHERE node IN ({node_list}) ORDER BY node, gpu, ts""")
+    except sqlite3.OperationalError:          # a store written before the agent read GPUs
+        return 0
+    n = 0
+    ctracks = {}
+    for node, gpu, ts, *values in cur:
+        t = plan.align[node](ts)
+        if t < plan.start_ns or not plan.cut.keeps(t, t):
+            continue
+        key = (node, gpu)
+        if key not in ctracks:
+            ctracks[key] = [sink.counter_track(plan.node_pid[node], f"GPU {gpu} {label}", unit)
+                            for label, unit, _ in GPU_COUNTERS]
+        pairs = [(tr, v) for tr, v in zip(ctracks[key], values) if v is not None]
+        if pairs:
+            sink.counters(pairs, t)
+            n += len(pairs)
+    return n
 
 
 def _activity_counters(conn, plan, sink, node_list):
