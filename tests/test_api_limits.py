@@ -9,10 +9,11 @@ What a user (or an attacker with a valid, or stolen, certificate) would notice:
     with one line (fail closed) until it is back;
   - fair shares: one client holding its share of connections and queries gets 429s with one line,
     and the controller is still answered meanwhile;
-  - deadlines: a count(*) over a big table (one opcode) is stopped at its deadline by the
-    interrupt; a light route over a big table answers 503 at its deadline; a huge sort is stopped
-    by the queries' memory cap while a small query beside it is answered; bad parameters are 400s
-    with one line and no traceback in the agent's log;
+  - deadlines and space: a count(*) over a big table (one opcode) is stopped at its deadline by
+    the interrupt; a light route over a big table answers 503 at its deadline; a huge sort is
+    stopped by the temp-file cap while a small query beside it is answered; aggregates over the
+    queries' memory cap are stopped; bad parameters are 400s with one line and no traceback in the
+    agent's log;
   - SQLite's defensive mode: which one is in effect, and that it bites."""
 import http.client
 import json
@@ -408,8 +409,11 @@ def test_a_light_route_over_a_big_store_answers_503_at_its_deadline(certs, big_d
     assert query[0] == 200
 
 
-def test_a_huge_sort_is_stopped_by_the_query_memory_cap_and_a_small_query_beside_it_is_answered(certs, node_db):
-    with Serve(node_db, certs.server(ADDRESS), "--max-query-memory", str(32 * MB)) as agent:
+def test_a_huge_sort_is_stopped_by_the_temp_cap_and_a_small_query_beside_it_is_answered(certs, node_db):
+    """A 3M-row ORDER BY spills about 240 MB of temporary files: over --max-query-temp 32 MiB it is
+    stopped with one line (before, its spill had no bound), while small queries beside it are
+    answered and the agent's memory stays small (the sort spills to files, not to memory)."""
+    with Serve(node_db, certs.server(ADDRESS), "--max-query-temp", str(32 * MB)) as agent:
         baseline = agent.status("VmHWM")
         outcome = {}
 
@@ -427,9 +431,25 @@ def test_a_huge_sort_is_stopped_by_the_query_memory_cap_and_a_small_query_beside
         thread.join(timeout=60)
         grown = agent.status("VmHWM") - baseline
     code, _, answer = outcome["sort"]
-    assert code == 400 and answer["kind"] == "memory" and _one_line(answer), answer
+    assert code == 400 and answer["kind"] == "temp" and _one_line(answer), answer
+    assert "temporary data" in answer["error"]
     assert small and set(small) == {200}
-    assert grown < 150 * MB, f"peak RSS grew by {grown / MB:.0f} MB with a 32 MiB query memory cap"
+    assert grown < 60 * MB, f"peak RSS grew by {grown / MB:.0f} MB for a sort that spills to files"
+
+
+def test_queries_over_the_memory_cap_are_stopped_with_one_line(certs, node_db):
+    """Two aggregates of 30 MB each (within the length limit one by one) held at once: over
+    --max-query-memory 32 MiB the query is stopped, and the next one is answered."""
+    sql = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 30) "
+           "SELECT length(group_concat(hex(randomblob(500000)))), length(group_concat(hex(randomblob(500000)))) "
+           "FROM c")
+    with Serve(node_db, certs.server(ADDRESS), "--max-query-memory", str(32 * MB)) as agent:
+        conn = _connect(agent.port, certs.client())
+        code, _, answer = _query(conn, sql, timeout_s=25)
+        after = _query(conn, "SELECT count(*) FROM events")
+        conn.close()
+    assert code == 400 and answer["kind"] == "memory" and _one_line(answer), answer
+    assert after[0] == 200
 
 
 BAD_PARAMETERS = [
@@ -483,4 +503,4 @@ def test_which_defensive_mode_is_in_effect_and_that_it_bites(tmp_path, caplog):
     else:
         assert on and how == "sqlite3_db_config through ctypes (auto-extension)", how
     assert mode == "delete", "open_readonly's connection let journal_mode=OFF through: defensive mode is off"
-    assert sqlite_lib.memory_used() > 0
+    assert sqlite_lib.memory_used() > 0              # the memory cap can be enforced here

@@ -23,7 +23,7 @@ A query answer is made row by row (QueryStream): up to STREAM_AFTER_BYTES it is 
 with its length (and an error before then is a 400, as for any query); a bigger one streams in
 parts of about STREAM_CHUNK_BYTES, each made only when the one before was written. A stream that
 stops early (its time limit, the node's memory, an SQL error in a later row) still ends as valid
-JSON: "truncated": true with "truncated_reason" (timeout | memory | busy | sql-error) and "error".
+JSON: "truncated": true with "truncated_reason" (timeout | memory | temp | busy | sql-error) and "error".
 
 Light routes (clock, health, live, metrics) run in their own pool under a deadline (App.light_timeout_s),
 so heavy queries never delay them. This module must not touch a socket or know a connection

@@ -18,8 +18,9 @@ loop nor /health.
   - Memory: a query answer is made row by row and streams (routes.QueryStream: one part in memory
     per answer, at most --max-answer-bytes in all), and every answer's bytes not yet written count
     against one cap for the whole server (--max-inflight-bytes, limits.AnswerMemory); queries' own
-    memory (sorts, temporary tables) is capped by the store's watchdog (--max-query-memory). Answers
-    go out under a deadline that grows with their size (transport.py).
+    memory and the temporary files each one writes (sorts, grouping) are capped by the store's
+    watchdog (--max-query-memory, --max-query-temp). Answers go out under a deadline that grows
+    with their size (transport.py).
   - Fair shares (limits.ClientShares): a client (its certificate) may hold at most
     --max-connections-per-client connections and run --max-queries-per-client queries (and two
     light requests) at once; over that it gets a 429 with one line. Queries, light reads (clock,
@@ -51,7 +52,7 @@ from .. import defaults
 from ..addresses import format_address, is_loopback, is_wildcard, parse_listen
 from ..errors import StragglerError
 from ..store.query import node_name, open_readonly
-from ..store.watchdog import DEFAULT_MEMORY_CAP, WATCHDOG
+from ..store.watchdog import DEFAULT_MEMORY_CAP, DEFAULT_TEMP_CAP, WATCHDOG
 from ..text import one_line
 from ..tls import ROLES, ServerContextCache, TLSOptions, peer_roles, warn_no_tls
 from . import transport
@@ -85,6 +86,7 @@ class ServerLimits:
     max_connection_s: float = MAX_CONNECTION_S
     max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES
     max_query_memory: int = DEFAULT_MEMORY_CAP
+    max_query_temp: int = DEFAULT_TEMP_CAP
 
 
 @dataclasses.dataclass
@@ -453,7 +455,7 @@ def make_server(db_path, node=None, listen=DEFAULT_LISTEN, tls=None, **limits):
     """Bind (not yet serving). Returns (server, node, scheme). `limits`: transport.Deadlines'
     (handshake_timeout_s, request_timeout_s, send_timeout_s, min_send_rate), ServerLimits'
     (max_connections, max_connections_per_client, max_queries_per_client, max_connection_s,
-    max_inflight_bytes, max_query_memory) and routes.App's (max_rows, max_query_seconds,
+    max_inflight_bytes, max_query_memory, max_query_temp) and routes.App's (max_rows, max_query_seconds,
     max_answer_bytes, snapshot_dir, snapshot_timeout_s, light_timeout_s)."""
     deadlines = Deadlines(**{field.name: limits.pop(field.name) for field in dataclasses.fields(Deadlines)
                              if field.name in limits})
@@ -462,8 +464,9 @@ def make_server(db_path, node=None, listen=DEFAULT_LISTEN, tls=None, **limits):
     for name in ("max_connections", "max_connections_per_client", "max_queries_per_client", "max_inflight_bytes"):
         if getattr(server_limits, name) < 1:
             raise StragglerError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(server_limits, name)}")
-    if not server_limits.max_connection_s > 0 or server_limits.max_query_memory < 0:
-        raise StragglerError("--max-connection-seconds must be more than 0 and --max-query-memory at least 0")
+    if not server_limits.max_connection_s > 0 or server_limits.max_query_memory < 0 or server_limits.max_query_temp < 0:
+        raise StragglerError("--max-connection-seconds must be more than 0, --max-query-memory and --max-query-temp "
+                             "at least 0")
     tls = tls or TLSOptions()
     host, port = parse_listen(listen, DEFAULT_PORT)
     if tls.no_tls:
@@ -484,6 +487,11 @@ def make_server(db_path, node=None, listen=DEFAULT_LISTEN, tls=None, **limits):
     open_readonly(db_path).close()
     node = node or node_name(db_path)
     WATCHDOG.memory_cap = server_limits.max_query_memory   # the process's queries, all servers together
+    WATCHDOG.temp_cap = server_limits.max_query_temp
+    unable = [name for name, able in WATCHDOG.caps().items() if not able]
+    if unable:
+        log.warning("cannot enforce the queries' %s cap here (no counter to read it from); see docs/security.md",
+                    " and ".join(unable))
     app = App(db_path, node, memory=AnswerMemory(server_limits.max_inflight_bytes), **limits)
     app.tls = contexts is not None
     app.limits = dataclasses.asdict(server_limits)

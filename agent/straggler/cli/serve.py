@@ -41,9 +41,11 @@ def add_arguments(parser):
                         help=f"bytes of answers made and not yet sent, all clients together; a row waits for room, "
                              f"then its answer ends (default {limits.max_inflight_bytes})")
     parser.add_argument("--max-query-memory", type=int, default=limits.max_query_memory,
-                        help=f"bytes SQLite may allocate for the running queries together (sorts, temporary tables: "
-                             f"no spill file); over it the query that did the most work is stopped, 0 for no cap "
-                             f"(default {limits.max_query_memory})")
+                        help=f"bytes SQLite may allocate for the running queries together; over it the query that "
+                             f"did the most work is stopped, 0 for no cap (default {limits.max_query_memory})")
+    parser.add_argument("--max-query-temp", type=int, default=limits.max_query_temp,
+                        help=f"bytes of temporary files one query may write (sorting, grouping); over it the query "
+                             f"is stopped, 0 for no cap (default {limits.max_query_temp})")
     parser.add_argument("--max-connections", type=int, default=limits.max_connections,
                         help=f"open connections in all (default {limits.max_connections})")
     parser.add_argument("--max-connections-per-client", type=int, default=limits.max_connections_per_client,
@@ -67,7 +69,8 @@ def run(args):
                               max_rows=args.max_rows, max_query_seconds=args.max_query_seconds,
                               max_answer_bytes=args.max_answer_bytes, snapshot_dir=args.snapshot_dir,
                               snapshot_timeout_s=args.snapshot_timeout, max_inflight_bytes=args.max_inflight_bytes,
-                              max_query_memory=args.max_query_memory, max_connections=args.max_connections,
+                              max_query_memory=args.max_query_memory, max_query_temp=args.max_query_temp,
+                              max_connections=args.max_connections,
                               max_connections_per_client=args.max_connections_per_client,
                               max_queries_per_client=args.max_queries_per_client,
                               max_connection_s=args.max_connection_seconds, light_timeout_s=args.light_timeout)

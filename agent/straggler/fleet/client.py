@@ -357,7 +357,7 @@ def _truncation_note(answer):
     reason = answer.get("truncated_reason")
     if reason == "bytes":
         return " (truncated at the agent's answer size cap: ask for fewer rows or columns)"
-    if reason in ("timeout", "memory", "busy", "sql-error"):   # a streamed answer the agent had to end early
+    if reason in ("timeout", "memory", "temp", "busy", "sql-error"):   # a streamed answer the agent ended early
         return f" (cut by the agent: {one_line(answer.get('error') or reason)})"
     return " (truncated at the limit)"
 

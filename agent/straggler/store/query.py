@@ -11,10 +11,11 @@ Read-only is enforced by SQLite, never by matching the SQL text:
 Bounded, whatever the SQL:
   - time: a deadline enforced by sqlite3_interrupt from the watchdog thread (watchdog.py), which
     stops a query even inside one long opcode (count(*) over a big table, integrity_check);
-  - memory: temporary b-trees and sorts stay in memory (temp_store=MEMORY: no spill file) under the
-    watchdog's cap on what the queries allocate together; a row cap; one value at most the
-    length limit (SQLITE_LIMIT_LENGTH); rows are fetched, encoded and counted against the byte cap
-    one at a time (ReadQuery, JsonAnswer), so an answer never exists twice or whole in memory.
+  - space: the temporary files a query writes (sorts, GROUP BY, DISTINCT) under the watchdog's
+    per-query cap, and what SQLite allocates for all queries together under its memory cap; a row
+    cap; one value at most the length limit (SQLITE_LIMIT_LENGTH); rows are fetched, encoded and
+    counted against the byte cap one at a time (ReadQuery, JsonAnswer), so an answer never exists
+    twice or whole in memory.
 
 This module must not write to a database, must not import the API, the fleet client or the
 analysis, and prints nothing (straggler.cli.query renders a QueryResult).
@@ -87,8 +88,13 @@ class QueryTimeout(QueryError):
 
 
 class QueryOverMemory(QueryError):
-    """The queries' memory (sorts, temporary b-trees, values) passed the node's cap; this one was stopped."""
+    """The queries' memory (values, aggregates, caches) passed the node's cap; this one was stopped."""
     kind = "memory"
+
+
+class QueryOverTemp(QueryError):
+    """The query wrote more temporary data (sorting, grouping) than the node's cap allows."""
+    kind = "temp"
 
 
 class AnswerMemoryFull(QueryError):
@@ -186,7 +192,6 @@ def open_readonly(db_path, check_same_thread=True):
             if not sqlite_lib.confirm(conn, seen):
                 _warn_not_defensive()
             conn.execute("PRAGMA query_only = 1")
-            conn.execute("PRAGMA temp_store = MEMORY")   # no spill file; the watchdog caps the memory
             conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
             return conn
         except sqlite3.DatabaseError as exc:
@@ -377,10 +382,13 @@ class ReadQuery:
         except sqlite3.DatabaseError as exc:
             stopped = self.watch.stopped if self.watch is not None else None
             if stopped == "memory":
-                raise QueryOverMemory(f"query stopped: the node's memory for queries ({fmt_cap(WATCHDOG.memory_cap)} "
-                                      f"of sorts, temporary tables and values, all queries together) was full and "
-                                      f"this query had done the most work; narrow it (WHERE ts > …, fewer "
-                                      f"columns, LIMIT) or retry") from None
+                raise QueryOverMemory(f"query stopped: the node's memory for queries ({fmt_cap(WATCHDOG.memory_cap)}, "
+                                      f"all queries together) was full and this query had done the most work; "
+                                      f"narrow it (WHERE ts > …, fewer columns, LIMIT) or retry") from None
+            if stopped == "temp":
+                raise QueryOverTemp(f"query stopped: it wrote more than the node's {fmt_cap(WATCHDOG.temp_cap)} of "
+                                    f"temporary data (sorting, grouping); narrow it (WHERE ts > …, LIMIT, fewer "
+                                    f"columns)") from None
             if stopped is not None or "interrupted" in str(exc):
                 raise QueryTimeout(f"query stopped after its time limit of {self.timeout_s:g} s; "
                                    f"narrow it (WHERE ts > …, LIMIT) or raise --timeout") from None
