@@ -313,3 +313,48 @@ def test_plain_metrics_port_is_loopback_only_unless_told(tls_agent, tmp_path):
 
 # The real case (a synchronous job on the test bed, real eBPF agents serving mutual TLS, a CPU hog
 # at T) is in tests/test_diagnosis.py, which shares its agents.
+
+
+def test_the_watch_serves_the_episode_going_on_as_prometheus_metrics(tmp_path):
+    """`straggler watch --metrics-listen`: while the straggler's episode goes on, /metrics says its node,
+    rank and cause, and when it began (prometheus-client's own parser reads it); a non-loopback address
+    is refused without --metrics-any-address."""
+    import time
+    import urllib.request
+    from prometheus_client.parser import text_string_to_metric_families
+    facts = synth.write_nodes(str(tmp_path), synth.SynthSpec(scenario="cpu_hog", events=EVENTS, straggler=1,
+                                                             interference_start=0.7))
+    for f in facts["files"]:
+        synth.shift_to_now(f["path"])
+    tls = TLSOptions(no_tls=True)
+    handles = [start_background(f["path"], node=f["node"], listen="127.0.0.1:0", tls=tls) for f in facts["files"]]
+    port = _free_port()
+    proc = subprocess.Popen([STRAGGLER, "watch", "--nodes", ",".join(f"127.0.0.1:{h.port}" for h in handles),
+                             "--no-tls", "--interval", "0.5", "--window", "5", "--json", "--timeout", "30",
+                             "--metrics-listen", f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+    try:
+        families = {}
+        deadline = time.monotonic() + 25
+        while time.monotonic() < deadline:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            except OSError:
+                time.sleep(0.5)
+                continue
+            families = {f.name: f for f in text_string_to_metric_families(body)}
+            if families.get("straggler_episode") and families["straggler_episode"].samples:
+                break
+            time.sleep(0.5)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        for h in handles:
+            h.stop()
+    (sample,) = families["straggler_episode"].samples
+    assert sample.labels["node"] == "gpu-node-02" and sample.labels["cause"] and sample.value == 1
+    assert families["straggler_episode_start_timestamp_seconds"].samples[0].value > 1.7e9
+    assert len(families["straggler_watch_node_up"].samples) == 4
+    refused = subprocess.run([STRAGGLER, "watch", "--nodes", "127.0.0.1:1", "--no-tls", "--metrics-listen",
+                              "0.0.0.0:9", "--timeout", "1"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "loopback only" in refused.stderr and refused.stderr.count("\n") == 1

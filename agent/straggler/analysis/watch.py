@@ -58,6 +58,7 @@ class NodeFeed:
     node_mono_ns: int = None         # the node's monotonic clock at its last answer
     polled_mono_ns: int = None       # the controller's monotonic clock then
     samples: list = field(default_factory=list)   # clock samples (t_send, node_real, t_recv), newest last
+    pairs: list = field(default_factory=list)     # the node's (monotonic, realtime) pairs of its answers, newest last
     offset_ns: int = None
     uncertainty_ns: int = None
     thread_time: dict = field(default_factory=dict)   # (ts, pid, tid) -> row
@@ -73,6 +74,8 @@ class NodeFeed:
         self.node = answer.get("node") or self.node or status.node
         self.columns = answer["columns"]
         self.node_mono_ns = answer.get("monotonic_ns")
+        if answer.get("monotonic_ns") is not None and answer.get("realtime_ns") is not None:
+            self.pairs = (self.pairs + [(int(answer["monotonic_ns"]), int(answer["realtime_ns"]))])[-16:]
         self.polled_mono_ns = time.monotonic_ns()
         cols = self.columns
         for r in answer.get("thread_time") or []:
@@ -155,6 +158,14 @@ def build_store(feeds, min_span_ns=0):
         for seq, e in enumerate(ev):
             conn.execute("INSERT INTO events(seq, node, source, op, ts, pid, comm, bytes, duration) "
                          "VALUES (?, ?, 'block', 'block_io', ?, ?, ?, ?, ?)", (seq,) + e)
+        # the node's clock: its pairs and its offset from this machine, so explain puts every node on
+        # this machine's timeline (as a merge does with the offsets it measured)
+        conn.executemany("INSERT INTO clock_pairs(node, mono_ns, real_ns) VALUES (?, ?, ?)",
+                         [(feed.node, m, r) for m, r in feed.pairs])
+        if feed.offset_ns is not None:
+            conn.execute("INSERT INTO clock_offsets(node, offset_ns, uncertainty_ns, measured_at, method) "
+                         "VALUES (?, ?, ?, ?, 'merge')", (feed.node, feed.offset_ns, feed.uncertainty_ns or 0,
+                                                          time.time_ns()))
         pcols = cols["processes"]
         for r in feed.processes.values():
             d = dict(zip(pcols, r))

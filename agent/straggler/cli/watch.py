@@ -67,6 +67,11 @@ def add_arguments(parser):
     parser.add_argument("--timeout", type=float, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
     parser.add_argument("--min-gap", type=float, default=None,
                         help="explain's --min-gap (the straggler waits at least this share less than the others)")
+    parser.add_argument("--metrics-listen", metavar="ADDR:PORT",
+                        help="serve the verdict as Prometheus metrics at /metrics here (the episode going on: node, "
+                             "rank, cause, start; nodes answering); loopback only unless --metrics-any-address")
+    parser.add_argument("--metrics-any-address", action="store_true",
+                        help="let --metrics-listen bind a non-loopback address (it has no TLS)")
     add_tls_arguments(parser)
 
 
@@ -77,8 +82,17 @@ def run(args):
     stop = threading.Event()
     execs = []
     table = None if args.json else _LiveTable.maybe()
+    state, metrics_server = _start_metrics(args)
+
+    def on_tick(verdict, feeds):
+        if table is not None:
+            table.update(verdict, feeds)
+        if state is not None:
+            state.on_tick(verdict, feeds)
 
     def on_event(e):
+        if state is not None:
+            state.on_event(e)
         if args.json:
             sys.stdout.write(json.dumps(e, default=str) + "\n")
             sys.stdout.flush()
@@ -96,10 +110,12 @@ def run(args):
             table.start()
         code, _ = watch(args.nodes, tls, interval_s=args.interval, window_s=args.window, baseline_s=args.baseline,
                         timeout_s=args.timeout, until_straggler=args.until_straggler, on_event=on_event,
-                        on_tick=table.update if table is not None else None, stop=stop, min_gap=args.min_gap)
+                        on_tick=on_tick, stop=stop, min_gap=args.min_gap)
     finally:
         if table is not None:
             table.stop()
+        if metrics_server is not None:
+            metrics_server.shutdown()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     for thread in execs:
@@ -108,6 +124,33 @@ def run(args):
         raise StragglerError(f"no agent answered during the watch ({args.nodes}): check the addresses, the agents "
                              f"(straggler status on each) and the certificates")
     return code
+
+
+def _start_metrics(args):
+    """(WatchState, server) for --metrics-listen, or (None, None)."""
+    if not args.metrics_listen:
+        return None, None
+    from ..addresses import is_loopback, parse_listen
+    try:
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.exposition import ThreadingWSGIServer, make_server, make_wsgi_app
+    except ImportError as exc:
+        raise StragglerError(f"--metrics-listen needs prometheus-client ({exc}): pip install prometheus-client") from None
+    from ..render.watch_metrics import WatchCollector, WatchState
+    host, port = parse_listen(args.metrics_listen, 9434, "--metrics-listen")
+    if not is_loopback(host) and not args.metrics_any_address:
+        raise UsageError(f"--metrics-listen {args.metrics_listen}: binds loopback only (no TLS); add "
+                         f"--metrics-any-address to serve it on {host}")
+    state = WatchState()
+    registry = CollectorRegistry()
+    registry.register(WatchCollector(state))
+    try:
+        server = make_server(host, port, make_wsgi_app(registry), ThreadingWSGIServer)
+    except OSError as exc:
+        raise StragglerError(f"cannot listen on {args.metrics_listen} for metrics: {exc.strerror or exc}") from None
+    threading.Thread(target=server.serve_forever, name="straggler-watch-metrics", daemon=True).start()
+    print(f"straggler watch: metrics at http://{args.metrics_listen}/metrics", file=sys.stderr, flush=True)
+    return state, server
 
 
 class _LiveTable:

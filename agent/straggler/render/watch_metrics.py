@@ -1,0 +1,94 @@
+"""The live watch's verdict as Prometheus metrics (`straggler watch --metrics-listen`): the straggle
+episode going on now — its node, rank and cause, when it began, whether it comes and goes — and the
+nodes answering. A node's own /metrics cannot say this (it takes every node's data to name a straggler);
+the watch can. Rendering only: the state comes from the watch's events and polls."""
+import threading
+import time
+
+EPISODE_HELP = "1 while a straggle episode goes on (node, rank, cause): the watch's current verdict"
+
+
+class WatchState:
+    """What the watch holds now, updated from its events (onset, cause-change, recovered, lost, back)
+    and its polls; read by the collector at each scrape."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.current = None          # the onset/cause-change event of the episode going on
+        self.started_real = None     # its start, seconds since the epoch (the episode's own, else the onset's)
+        self.onsets = 0
+        self.nodes = {}              # address -> 1 answering / 0 not
+        self.polls = 0
+
+    def on_event(self, e):
+        with self.lock:
+            kind = e["event"]
+            if kind == "onset":
+                self.onsets += 1
+                self.current = e
+                self.started_real = _epoch(e.get("episode_start")) or time.time()
+            elif kind == "cause-change" and self.current is not None:
+                self.current = e
+            elif kind == "recovered":
+                self.current, self.started_real = None, None
+            elif kind == "lost":
+                self.nodes[e.get("address") or e.get("node")] = 0
+            elif kind == "back":
+                self.nodes[e.get("address") or e.get("node")] = 1
+
+    def on_tick(self, verdict, feeds):
+        with self.lock:
+            self.polls += 1
+            for f in feeds:
+                self.nodes.setdefault(f.address, 1)
+
+
+def _epoch(iso):
+    if not iso:
+        return None
+    import datetime
+    try:
+        return datetime.datetime.fromisoformat(iso).timestamp()
+    except ValueError:
+        return None
+
+
+class WatchCollector:
+    """A prometheus-client collector over a WatchState."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        with self.state.lock:
+            current, started, onsets = self.state.current, self.state.started_real, self.state.onsets
+            nodes, polls = dict(self.state.nodes), self.state.polls
+        going = GaugeMetricFamily("straggler_episode", EPISODE_HELP, labels=["node", "rank", "cause", "intermittent"])
+        start = GaugeMetricFamily("straggler_episode_start_timestamp_seconds",
+                                  "When the straggle episode going on began (seconds since the epoch)", labels=["node"])
+        share = GaugeMetricFamily("straggler_episode_cause_share_ratio",
+                                  "The share of the straggler's excess step time its cause explains", labels=["node"])
+        if current is not None:
+            node = str(current.get("node") or "")
+            rank = "" if current.get("rank") is None else str(current["rank"])
+            going.add_metric([node, rank, str(current.get("cause") or "unknown"),
+                              "1" if current.get("intermittent") else "0"], 1)
+            if started is not None:
+                start.add_metric([node], started)
+            if current.get("share") is not None:
+                share.add_metric([node], float(current["share"]))
+        yield going
+        yield start
+        yield share
+        total = CounterMetricFamily("straggler_episode_onsets", "Straggle episodes the watch has seen begin")
+        total.add_metric([], onsets)
+        yield total
+        up = GaugeMetricFamily("straggler_watch_node_up", "1 when the node's agent answered the last poll",
+                               labels=["address"])
+        for address, value in sorted(nodes.items()):
+            up.add_metric([address], value)
+        yield up
+        count = CounterMetricFamily("straggler_watch_polls", "Polls of every node the watch has made")
+        count.add_metric([], polls)
+        yield count
