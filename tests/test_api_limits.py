@@ -14,7 +14,9 @@ What a user (or an attacker with a valid, or stolen, certificate) would notice:
     stopped by the temp-file cap while a small query beside it is answered; aggregates over the
     queries' memory cap are stopped; bad parameters are 400s with one line and no traceback in the
     agent's log;
-  - SQLite's defensive mode: which one is in effect, and that it bites."""
+  - SQLite's defensive mode: which one is in effect, and that it bites;
+  - the agent's systemd unit (as the role writes it): a memory ceiling of its own and the OOM
+    killer's first choice, so under memory pressure the agent dies, never the training job."""
 import http.client
 import json
 import os
@@ -27,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -504,3 +507,52 @@ def test_which_defensive_mode_is_in_effect_and_that_it_bites(tmp_path, caplog):
         assert on and how == "sqlite3_db_config through ctypes (auto-extension)", how
     assert mode == "delete", "open_readonly's connection let journal_mode=OFF through: defensive mode is off"
     assert sqlite_lib.memory_used() > 0              # the memory cap can be enforced here
+
+
+# ---------------------------------------------------------------- the agent's unit: it dies, never the trainer
+
+UNIT_PLAY = """\
+- hosts: localhost
+  gather_facts: false
+  vars:
+    straggler_agent_node: n1
+    __straggler_agent_argv: [/opt/straggler/venv/bin/straggler, trace]
+    straggler_agent_environment: {}
+    straggler_agent_db: /var/lib/straggler/straggler.db
+  tasks:
+    - name: The role's defaults
+      ansible.builtin.include_vars: {file: "%(repo)s/roles/straggler_agent/defaults/main.yml"}
+    - name: The unit as the role writes it
+      ansible.builtin.template:
+        src: "%(repo)s/roles/straggler_agent/templates/straggler-agent.service.j2"
+        dest: "%(dest)s"
+        mode: "0644"
+"""
+
+
+def _render_unit(tmp_path, *extra):
+    play = tmp_path / "unit.yml"
+    dest = tmp_path / "straggler-agent.service"
+    play.write_text(UNIT_PLAY % {"repo": REPO, "dest": dest})
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    out = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+                          "-e", f"ansible_python_interpreter={sys.executable}", *extra, str(play)],
+                         capture_output=True, text=True, timeout=300, env=env, cwd=REPO, stdin=subprocess.DEVNULL)
+    return out, dest
+
+
+def test_the_agents_unit_caps_its_memory_and_is_the_oom_killers_first_choice(tmp_path):
+    out, unit = _render_unit(tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:]
+    lines = unit.read_text().splitlines()
+    assert "MemoryMax=2G" in lines and "OOMScoreAdjust=1000" in lines
+    if shutil.which("systemd-analyze"):
+        checked = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
+        problems = [line for line in checked.stderr.splitlines() if "is not executable" not in line]
+        assert not problems, problems   # systemd takes both settings (the agent's binary is not on this machine)
+    out, unit = _render_unit(tmp_path, "-e", "straggler_agent_memory_max=512M")
+    assert out.returncode == 0 and "MemoryMax=512M" in unit.read_text().splitlines()
+    unit.unlink()
+    out, unit = _render_unit(tmp_path, "-e", "straggler_agent_memory_max='2 GB'")
+    assert out.returncode != 0 and not unit.exists()
+    assert "straggler_agent_memory_max \"2 GB\": give bytes" in out.stdout + out.stderr

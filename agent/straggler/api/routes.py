@@ -42,7 +42,7 @@ from typing import NamedTuple, Optional
 from .. import __version__
 from ..clock import read_clock_pair
 from ..errors import StragglerError
-from ..store.query import (AnswerMemoryFull, DatabaseUnavailable, JsonAnswer, QueryError, QueryTimeout, ReadQuery,
+from ..store.query import (AnswerMemoryFull, DatabaseUnavailable, JsonAnswer, QueryError, ReadQuery,
                            defensive_mode, reading, value_limit)
 from ..store.snapshot import StagingFull
 from ..text import one_line
