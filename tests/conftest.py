@@ -48,6 +48,7 @@ SLOW_MARKERS = {"bpf": "eBPF", "systemd": "the systemd test host"}
 SLOW_FILES = {
     "test_collection.py": "ansible-playbook and ansible-test sanity runs",
     "test_playbooks_local.py": "ansible-playbook runs",
+    "test_playbooks_typed.py": "ansible-playbook runs",
     "test_lint.py": "ansible-lint over the repository",
 }
 
