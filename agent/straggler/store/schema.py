@@ -101,6 +101,8 @@ CREATE TABLE IF NOT EXISTS thread_time (
     thieves      TEXT
 );
 CREATE INDEX IF NOT EXISTS thread_time_ts ON thread_time(ts);
+-- one rank's summaries over a time (explain's windows: a few ranks' minutes out of hours of many ranks)
+CREATE INDEX IF NOT EXISTS thread_time_node_pid_ts ON thread_time(node, pid, ts);
 
 -- The GPUs NVIDIA's management library (NVML) shows on the node, one row per GPU (index and UUID).
 -- Only written when the agent reads the devices (see meta devices_state); docs/devices.md.

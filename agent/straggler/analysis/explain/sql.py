@@ -61,15 +61,16 @@ ORDER BY p.node"""
 def series(keys, offsets, t0_ns, bin_ns, since_ns=None, until_ns=None):
     """Every thread of each rank's process, summed per time bin of bin_ns on the fleet timeline (a node's
     ts plus its clock offset, from t0_ns): a summary belongs to the bin that holds its midpoint."""
-    rows = [(node, pid, offsets.get(node, 0)) for node, pid in sorted(keys)]
+    nodes = sorted({node for node, _ in keys})
+    off = "CASE tt.node " + " ".join(f"WHEN {q(n)} THEN {int(offsets.get(n, 0))}" for n in nodes) + " END"
+    ranks = ", ".join(f"({q(node)}, {int(pid)})" for node, pid in sorted(keys))
     return f"""
-WITH {values_cte("rk", ("node", "pid", "off"), rows)}
-SELECT tt.node, tt.pid, tt.tid, (tt.ts + tt.interval_ns / 2 + rk.off - {int(t0_ns)}) / {int(bin_ns)} AS bin,
+SELECT tt.node, tt.pid, tt.tid, (tt.ts + tt.interval_ns / 2 + {off} - {int(t0_ns)}) / {int(bin_ns)} AS bin,
        MIN(tt.comm) AS comm,
        {THREAD_SUMS}, SUM(tt.interval_ns) AS wall_ns
 FROM thread_time tt
-JOIN rk ON rk.node = tt.node AND rk.pid = tt.pid
-WHERE tt.ts + tt.interval_ns / 2 + rk.off >= {int(t0_ns)}{_bounds(since_ns, until_ns, "tt.ts")}
+WHERE (tt.node, tt.pid) IN (VALUES {ranks})
+  AND tt.ts + tt.interval_ns / 2 + {off} >= {int(t0_ns)}{_bounds(since_ns, until_ns, "tt.ts")}
 GROUP BY tt.node, tt.pid, tt.tid, bin
 ORDER BY tt.node, tt.pid, bin"""
 

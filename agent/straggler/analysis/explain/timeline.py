@@ -42,6 +42,7 @@ class Series:
     interval_ns: dict              # (node, pid) -> its summary interval
     phase_ns: dict = field(default_factory=dict)   # (node, pid) -> where its summaries start, modulo the interval
     sql: str = ""
+    usable_bins: dict = field(default_factory=dict)   # (node, pid) -> its usable bins (usable(), computed once)
 
     def to_fleet(self, node, mono_ns):
         return int(mono_ns) + self.clocks[node].offset_ns
@@ -174,11 +175,15 @@ def covered(series, key, b):
 
 def usable(series, key):
     """The bins of rank `key` that count: covered, less its first and last (a job's start and end, and
-    a summary cut short, are no straggling and no baseline)."""
-    have = [b for b in range(series.n_bins) if covered(series, key, b)]
-    if len(have) >= 5:
-        have = have[1:-1]
-    return set(have)
+    a summary cut short, are no straggling and no baseline). Computed once per rank."""
+    found = series.usable_bins.get(key)
+    if found is None:
+        floor = FULL_BIN * series.bin_ns
+        have = [b for b, rt in enumerate(series.ranks[key]) if rt is not None and rt.wall_ns >= floor]
+        if len(have) >= 5:
+            have = have[1:-1]
+        found = series.usable_bins[key] = frozenset(have)
+    return found
 
 
 def gaps(series):
@@ -188,8 +193,12 @@ def gaps(series):
     usable_of = {key: usable(series, key) for key in series.ranks}
     per_def = {}
     for wait_def in WAIT_DEFS:
-        waits = {key: [rt.wait_share(wait_def) if b in usable_of[key] else None for b, rt in enumerate(rts)]
-                 for key, rts in series.ranks.items()}
+        parts = WAIT_DEFS[wait_def]
+        waits = {}
+        for key, rts in series.ranks.items():
+            ok = usable_of[key]
+            waits[key] = [sum(rt.ns.get(c, 0) for c in parts) / rt.wall_ns if b in ok else None
+                          for b, rt in enumerate(rts)]
         per_def[wait_def] = ep.gap_series(waits)
     out = {}
     for key in series.ranks:
@@ -367,7 +376,7 @@ def judge(series, episode, all_episodes, analysis):
     for other in all_episodes:
         busy.update(range(other.start, other.end))
     reach = max(1, int(NEIGHBOURHOOD_S * 1e9 // series.bin_ns))
-    job_usable = set.union(*(usable(series, k) for k in series.ranks)) if series.ranks else set()
+    job_usable = set().union(*(usable(series, k) for k in series.ranks))
     clean = [b for b in range(max(0, episode.start - reach), min(series.n_bins, episode.end + reach))
              if b not in busy and b in job_usable]
     clean += [b for b in sorted(off_bins) if b in job_usable]
