@@ -18,7 +18,7 @@ import time
 DEFAULT_MAX_INFLIGHT_BYTES = 192 << 20      # answers made and not yet written, all requests together
 MAX_CONNECTIONS_PER_CLIENT = 32
 MAX_QUERIES_PER_CLIENT = 2                  # the query pool (POST /api/v1/query) at once, per client
-MAX_LIGHT_PER_CLIENT = 2                    # the light pool (clock, health, live, metrics) at once, per client
+MAX_LIGHT_PER_CLIENT = 3                    # the light pool (clock, health, live, metrics) at once, per client
 
 
 class AnswerMemory:

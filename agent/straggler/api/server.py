@@ -22,7 +22,7 @@ loop nor /health.
     watchdog (--max-query-memory, --max-query-temp). Answers go out under a deadline that grows
     with their size (transport.py).
   - Fair shares (limits.ClientShares): a client (its certificate) may hold at most
-    --max-connections-per-client connections and run --max-queries-per-client queries (and two
+    --max-connections-per-client connections and run --max-queries-per-client queries (and three
     light requests) at once; over that it gets a 429 with one line. Queries, light reads (clock,
     health, live, metrics, each under a deadline) and snapshots have pools of their own, so a client
     that fills one leaves the others and every other client served.
@@ -69,7 +69,7 @@ MAX_PENDING_PER_PEER = 16           # connections of one address not yet authent
 MAX_PENDING = 256
 MAX_CONNECTIONS = 512               # open connections in all (pending and authenticated)
 QUERY_WORKERS = 4                   # queries at once
-LIGHT_WORKERS = 4                   # clock, health, live, metrics at once
+LIGHT_WORKERS = 6                   # clock, health, live, metrics at once
 POOL_WORKERS = {"query": QUERY_WORKERS, "light": LIGHT_WORKERS, "snapshot": 1}   # routes.Route.pool; a pool of one: one request at a time
 LISTEN_BACKLOG = 512
 MAX_CONNECTION_S = 300.0            # a connection's lifetime: the answer after it closes the connection
