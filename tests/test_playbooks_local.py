@@ -33,7 +33,7 @@ def shown(proc):
 def test_unprefixed_inventory_variables_do_not_change_what_trace_yml_does(tmp_path):
     """An inventory whose group sets `state=absent` (and other short names the playbooks once read)
     still gets the agent installed and started: trace.yml reads only straggler_* variables. In check
-    mode on this machine, with a stand-in wheel (nothing is installed; the fleet CA goes to tmp)."""
+    mode on this machine, with a stand-in wheel (nothing is installed, and no fleet CA is made)."""
     (tmp_path / "inventory.ini").write_text(textwrap.dedent(f"""\
         [gpu]
         localhost ansible_connection=local ansible_python_interpreter={HOST_PYTHON}
@@ -60,8 +60,8 @@ def test_unprefixed_inventory_variables_do_not_change_what_trace_yml_does(tmp_pa
         shown(proc)
     assert re.search(r"TASK \[Remove the TLS files\] \**\nskipping: \[localhost\]", out), shown(proc)
     assert "1 of 1 hosts tracing" in out, shown(proc)
-    assert (tmp_path / "pki" / "ca.crt").exists()                  # the controller side runs in check mode
-    assert not (tmp_path / "host").exists()                        # the host side does not
+    assert not (tmp_path / "pki").exists()                         # check mode writes nothing on the controller
+    assert not (tmp_path / "host").exists()                        # nor on the host
 
 
 def agent_role_playbook(tmp_path, play_name):

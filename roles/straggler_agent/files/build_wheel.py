@@ -9,6 +9,8 @@ temporary directory and runs `pip wheel --no-deps --no-build-isolation -w OUT .`
 the wheel into DIR/<hash>/ with an atomic rename. Prints one JSON line:
 {"changed": bool, "wheel": path, "sha256": hex, "source_hash": hex}. The wheel carries the BPF sources
 (pyproject.toml's data files: share/straggler/bpf); one built without them is refused.
+With --check (Ansible's check mode) it writes nothing: it prints whether a wheel would be built
+({"changed": true, "wheel": null, "sha256": null, ...} when none is cached for these sources).
 
 What it must not do: use the network (no build isolation, no dependencies), write into the
 source tree (parallel builds and developers' build/ or *.egg-info stay untouched), or leave a
@@ -74,7 +76,7 @@ def describe(wheel, digest, changed):
     return {"changed": changed, "wheel": wheel, "sha256": file_sha256(wheel), "source_hash": digest}
 
 
-def build(source, cache, python):
+def build(source, cache, python, check=False):
     if not os.path.isfile(os.path.join(source, "pyproject.toml")):
         raise SystemExit(f"build_wheel: {source} has no pyproject.toml: set straggler_agent_source_dir to the "
                          "straggler repository (or straggler_agent_wheel to a built wheel)")
@@ -84,6 +86,8 @@ def build(source, cache, python):
     wheel = existing_wheel(target)
     if wheel:
         return describe(wheel, digest, False)
+    if check:
+        return {"changed": True, "wheel": None, "sha256": None, "source_hash": digest}
     os.makedirs(cache, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".build-", dir=cache) as work:
         tree = os.path.join(work, "src")
@@ -119,8 +123,9 @@ def main(argv=None):
     parser.add_argument("--source", required=True, help="the straggler repository (holds pyproject.toml)")
     parser.add_argument("--cache", required=True, help="directory for built wheels, one subdirectory per source hash")
     parser.add_argument("--python", default=sys.executable, help="Python whose pip builds the wheel")
+    parser.add_argument("--check", action="store_true", help="write nothing: say whether a wheel would be built")
     args = parser.parse_args(argv)
-    result = build(os.path.abspath(args.source), os.path.abspath(args.cache), args.python)
+    result = build(os.path.abspath(args.source), os.path.abspath(args.cache), args.python, check=args.check)
     print(json.dumps(result))
     return 0
 

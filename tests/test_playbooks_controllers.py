@@ -1,0 +1,183 @@
+"""Any controller, on this machine alone (the role straggler_pki on a local host whose TLS directory is
+a temporary one): a fleet set up by one controller, then a second controller that brings the same CA
+(from files, or as variables with the key Vault-encrypted) and has nothing else changes nothing on
+the host; a brought CA that is not usable fails in one line; check mode writes nothing on the
+controller (its directories byte-identical) yet reports what a run would change. The same on the
+multi-host test bed with real agents is tests/test_playbooks_user.py."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+HOST_PYTHON = "/usr/bin/python3"
+
+
+def shown(proc):
+    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+
+
+def snapshot(*roots: Path) -> dict:
+    """Every file and directory under roots: path -> (mode, sha256 of the content or None)."""
+    found = {}
+    for root in roots:
+        if not root.exists():
+            continue
+        for path in sorted([root, *root.rglob("*")]):
+            st = path.lstat()
+            digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+            found[str(path)] = (st.st_mode, digest, st.st_ino)
+    return found
+
+
+@pytest.fixture
+def pki_play(tmp_path):
+    playbook = tmp_path / "pki.yml"
+    playbook.write_text(textwrap.dedent("""\
+        - name: the fleet's TLS files
+          hosts: all
+          gather_facts: false
+          tasks:
+            - name: pki
+              ansible.builtin.include_role:
+                name: straggler_pki
+        """))
+
+    def run(pki_dir: Path, *args: str, vault_password: Path | None = None, **extra):
+        variables = dict(straggler_pki_dir=str(pki_dir), straggler_pki_tls_dir=str(tmp_path / "host" / "tls"),
+                         straggler_pki_owner=str(os.getuid()), straggler_pki_group=str(os.getgid()),
+                         ansible_python_interpreter=HOST_PYTHON, **extra)
+        env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+                   PATH=f"{VENV_BIN}:{os.environ['PATH']}")
+        argv = [str(VENV_BIN / "ansible-playbook"), "-i", "gpu-node-01,", "-c", "local", str(playbook),
+                "-e", json.dumps(variables), *args]
+        if vault_password:
+            argv += ["--vault-password-file", str(vault_password)]
+        proc = subprocess.run(argv, cwd=str(REPO), env=env, capture_output=True, text=True, timeout=300,
+                              stdin=subprocess.DEVNULL)
+        return proc
+
+    return run, tmp_path / "host" / "tls"
+
+
+def recap_changed(proc) -> int:
+    match = re.search(r"gpu-node-01\s*:\s*ok=\d+\s+changed=(\d+)", proc.stdout)
+    assert match, shown(proc)
+    return int(match.group(1))
+
+
+def task_status(proc, task: str) -> str:
+    match = re.search(r"TASK \[straggler_pki : " + re.escape(task) + r"[^\n]*\n(\w+):", proc.stdout)
+    assert match, f"no task {task!r}\n" + shown(proc)
+    return match.group(1)
+
+
+def test_a_second_controller_with_the_same_ca_changes_nothing_on_the_host(pki_play, tmp_path):
+    run, tls = pki_play
+    first = tmp_path / "controller-a"
+    proc = run(first)
+    assert proc.returncode == 0, shown(proc)
+    host_before = snapshot(tls)
+    assert {Path(p).name for p in host_before} >= {"ca.crt", "crl.pem", "node.crt", "node.key"}
+
+    # a second controller: the CA from files, nothing else; then another with the key Vault-encrypted in a variable
+    second = tmp_path / "controller-b"
+    proc = run(second, straggler_pki_ca_cert_file=str(first / "ca.crt"), straggler_pki_ca_key_file=str(first / "ca.key"))
+    assert proc.returncode == 0, shown(proc)
+    assert task_status(proc, "Install the CA certificate") == "ok", shown(proc)
+    assert snapshot(tls) == host_before                       # same bytes, same inodes: nothing rewritten
+    assert (second / "ca.crt").read_bytes() == (first / "ca.crt").read_bytes()
+    assert (second / "gpu-node-01.crt").read_bytes() == (first / "gpu-node-01.crt").read_bytes()
+    assert (second / "controller.crt").exists() and (second / "ca.key").stat().st_mode & 0o777 == 0o600
+
+    password = tmp_path / "vault-password"
+    password.write_text("correct horse battery staple\n")
+    encrypted = subprocess.run([str(VENV_BIN / "ansible-vault"), "encrypt_string", "--vault-password-file", str(password),
+                                "--stdin-name", "straggler_pki_ca_key"], input=(first / "ca.key").read_text(),
+                               capture_output=True, text=True, timeout=120)
+    assert encrypted.returncode == 0, encrypted.stderr
+    vars_file = tmp_path / "vault-vars.yml"
+    vars_file.write_text(encrypted.stdout + "straggler_pki_ca_cert: |\n"
+                         + textwrap.indent((first / "ca.crt").read_text(), "  "))
+    third = tmp_path / "controller-c"
+    proc = run(third, "-e", f"@{vars_file}", vault_password=password)
+    assert proc.returncode == 0, shown(proc)
+    assert snapshot(tls) == host_before, shown(proc)
+    assert (third / "ca.key").read_bytes() == (first / "ca.key").read_bytes()
+    assert "BEGIN PRIVATE KEY" not in proc.stdout + proc.stderr
+
+    # and once more on the second controller: nothing at all changes
+    proc = run(second, straggler_pki_ca_cert_file=str(first / "ca.crt"), straggler_pki_ca_key_file=str(first / "ca.key"))
+    assert proc.returncode == 0 and recap_changed(proc) == 0, shown(proc)
+
+
+def test_a_brought_ca_that_is_not_usable_fails_in_one_line(pki_play, tmp_path):
+    run, tls = pki_play
+    good, other = tmp_path / "a", tmp_path / "b"
+    for directory in (good, other):
+        subprocess.run([str(VENV_BIN / "straggler"), "pki", "init", "--dir", str(directory)], check=True,
+                       capture_output=True, timeout=120)
+    proc = run(tmp_path / "c", straggler_pki_ca_cert_file=str(good / "ca.crt"), straggler_pki_ca_key_file=str(other / "ca.key"))
+    assert proc.returncode == 2, shown(proc)
+    assert "straggler_pki_ca_cert/straggler_pki_ca_key are not a usable CA" in proc.stdout, shown(proc)
+    assert not tls.exists()
+    proc = run(tmp_path / "d", straggler_pki_ca_cert_file=str(good / "ca.crt"))
+    assert proc.returncode == 2 and "bring the fleet CA's certificate and its key together" in proc.stdout, shown(proc)
+
+
+def test_check_mode_writes_nothing_on_the_controller_and_reports_what_would_change(pki_play, tmp_path):
+    run, tls = pki_play
+    fresh = tmp_path / "fresh"
+    proc = run(fresh, "--check")
+    assert proc.returncode == 0, shown(proc)
+    assert not fresh.exists() and not tls.exists(), shown(proc)
+    assert task_status(proc, "Install the CA certificate") == "changed", shown(proc)
+
+    controller = tmp_path / "controller"
+    assert run(controller).returncode == 0
+    before = snapshot(controller, tls)
+    leftovers = set(Path("/tmp").glob("straggler-pki-check-*"))
+    proc = run(controller, "--check")
+    assert proc.returncode == 0 and recap_changed(proc) == 0, shown(proc)
+    proc = run(controller, "--check", straggler_pki_extra_sans=["10.9.9.9"])   # would re-issue the host's
+    assert proc.returncode == 0, shown(proc)
+    assert task_status(proc, "Issue the host's certificate") == "changed", shown(proc)
+    assert task_status(proc, "Install the CA certificate") == "changed", shown(proc)
+    assert snapshot(controller, tls) == before                              # byte-identical, same inodes
+    assert set(Path("/tmp").glob("straggler-pki-check-*")) == leftovers     # its private copy is gone too
+
+
+def test_check_mode_builds_no_wheel_on_the_controller(tmp_path):
+    """The agent role from a checkout builds its wheel on the controller: not in check mode, which says it would."""
+    playbook = tmp_path / "agent.yml"
+    playbook.write_text(textwrap.dedent("""\
+        - name: the agent role in check mode
+          hosts: all
+          gather_facts: false
+          tasks:
+            - name: agent
+              ansible.builtin.include_role:
+                name: straggler_agent
+        """))
+    cache = tmp_path / "wheels"
+    extra = dict(straggler_agent_source_dir=str(REPO), straggler_agent_wheel_cache=str(cache),
+                 straggler_agent_venv=str(tmp_path / "host" / "venv"), straggler_agent_db=str(tmp_path / "host" / "s.db"),
+                 straggler_agent_install_packages=False, straggler_agent_mount_tracefs=False,
+                 straggler_agent_verify_bcc=False, straggler_agent_service_mode="supervised", straggler_agent_tls=False,
+                 ansible_python_interpreter=HOST_PYTHON)
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1", PATH=f"{VENV_BIN}:{os.environ['PATH']}")
+    proc = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local", str(playbook), "--check",
+                           "-e", json.dumps(extra)], cwd=str(REPO), env=env, capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, shown(proc)
+    assert "would build the agent wheel from" in proc.stdout, shown(proc)
+    assert not cache.exists() and not (tmp_path / "host").exists()
