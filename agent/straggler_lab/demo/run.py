@@ -168,13 +168,14 @@ class Demo:
                 proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
-                reader.join(timeout=5)
                 raise DemoError(f"{Path(str(argv[0])).name} {' '.join(str(a) for a in argv[1:2])} did not finish in "
                                 f"{timeout_s:.0f}s (stopped): see {log_path}") from None
             except KeyboardInterrupt:
                 _kill_group(proc)
                 raise
-            reader.join(timeout=10)
+            finally:
+                reader.join(timeout=10)
+                proc.stdout.close()
         result = CommandResult(argv, proc.returncode, "".join(lines), time.monotonic() - t0, log_path)
         if result.returncode not in ok_codes:
             tail = "".join(lines[-15:])
