@@ -360,6 +360,12 @@ def _cause_findings(report, ctx, rt, others, base):
             recommendation="profile its blocking: offcputime-style stacks (py-spy dump --pid PID) while it straggles")
 
 
+def _bytes_written(pid, io_rows):
+    """Block I/O bytes a thief issued in the recent window: what makes it 'a writer' in its label and
+    in the recommendation alike (a pid's I/O in the baseline only says nothing about it now)."""
+    return sum(r["bytes"] or 0 for r in (io_rows or []) if r["pid"] == pid and r["part"] == "recent")
+
+
 def _thief_label(kind, pid, comms, io_rows):
     names = ", ".join(sorted(comms)[:4]) + (f" and {len(comms) - 4} more" if len(comms) > 4 else "") if comms else "?"
     if kind == "kernel":
@@ -368,7 +374,7 @@ def _thief_label(kind, pid, comms, io_rows):
         return f"{names} (outside this agent's scope: another container or namespace; pid not visible)"
     if kind == "idle":
         return "no one (an idle CPU: the scheduler was slow to move it)"
-    wrote = sum(r["bytes"] or 0 for r in (io_rows or []) if r["pid"] == pid and r["part"] == "recent")
+    wrote = _bytes_written(pid, io_rows)
     what = f", a writer: {_fmt_bytes(wrote)} of block I/O in the window" if wrote else ""
     return f"{names} (pid {pid}{what})"
 
@@ -386,7 +392,7 @@ def _recommend_cpu(top, io_rows):
                 "or run the other workload elsewhere")
     if kind == "idle":
         return "the CPU was free but the trainer waited: check the cpuset/affinity it is pinned to"
-    wrote = any(r["pid"] == pid and (r["bytes"] or 0) for r in (io_rows or []))
+    wrote = _bytes_written(pid, io_rows)
     base = (f"move {name} (pid {pid}) off the trainer's cores: `taskset -pc <other cores> {pid}` (or pin the trainer to "
             f"cores of its own with a cpuset), and lower its priority (`renice +19 -p {pid}`)")
     if wrote:
