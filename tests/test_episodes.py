@@ -147,6 +147,18 @@ def test_two_episodes_lead_with_the_costliest(tmp_path):
     assert [c["cause"] for c in report.episodes[1]["causes"]][:1] == ["gpu-slow"]
 
 
+def test_an_episodes_causes_read_gravest_first(tmp_path):
+    """Two faults at once on one node, checkpoint I/O in the loop and a little more host compute: the
+    episode lists io-self (critical, most of the excess) before host-compute (info), as the report's own
+    findings are ordered, whatever order the cause classes are examined in."""
+    faults = [series.Fault(node=1, start_s=200, end_s=300, kind="host", slow=1.3),
+              series.Fault(node=1, start_s=200, end_s=300, kind="io", slow=2.0)]
+    report, _ = explained(tmp_path, faults, seconds=600)
+    e = report.episodes[0]
+    causes = [(f["severity"], f["cause"]) for f in e["findings"] if f["cause"] not in ("straggler", "waiters")]
+    assert causes[:2] == [("critical", "io-self"), ("info", "host-compute")], causes
+
+
 def test_a_clean_job_has_no_episode(tmp_path):
     report, _ = explained(tmp_path, [], seconds=900, noise=0.05)
     assert report.straggler is None and report.episodes == []

@@ -135,8 +135,7 @@ def explain(runner, opts, source):
     findings.missing_finding(report, analysis, world, spans_sql)
     findings.error_findings(report, runner, opts)
     findings.lost_findings(report, runner.rows(sql.LOST))
-    # the straggler findings first, in their rank order (a stable sort keeps it), then by severity and share
-    report.findings.sort(key=lambda f: (f.cause != "straggler", SEVERITY_ORDER.get(f.severity, 9), -f.share))
+    _order(report.findings)
     report.elapsed_s = round(time.monotonic() - started, 3)
     return report
 
@@ -197,7 +196,7 @@ def _episodes(runner, opts, report, callers, span_rows):
             continue
         sub = Report(source=report.source)
         emit(sub, j.analysis)
-        j.findings = sub.findings
+        j.findings = _order(sub.findings)
         for ev, texts in (device or {}).get("attach", {}).get(id(j), []):
             findings.add_device_evidence(j.findings, ev, texts)
         report.episodes.append(timeline.episode_dict(series, j))
@@ -339,6 +338,13 @@ def analyse(runner, opts, windows, span_rows):
     return Context(runner=runner, opts=opts, mopts=mopts, span_rows=span_rows, windows=windows, win_of=win_of,
                    threads_sql=threads_sql, slices_sql=slices_sql, verdict=verdict, slices=slices,
                    slice_index=slice_index, slice_ns=slice_ns, recent=recent, baseline=baseline, ranks=ranks)
+
+
+def _order(found):
+    """Findings in the order they are read: the straggler findings first, in their rank order (a stable
+    sort keeps it), then by severity and share. Sorts in place; returns the list."""
+    found.sort(key=lambda f: (f.cause != "straggler", SEVERITY_ORDER.get(f.severity, 9), -f.share))
+    return found
 
 
 def emit(report, ctx):
