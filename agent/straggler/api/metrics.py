@@ -22,16 +22,25 @@ watch`, or a PromQL rule across nodes, see README), so it exports what the rule 
   straggler_agent_cpu_ratio{node}                       the agent's CPU over its last interval (cores)
   straggler_agent_rss_bytes{node}
 
+and, on a node whose agent reads its GPUs (NVML), one series per GPU from the newest gpu_samples row,
+named and labelled as NVIDIA's dcgm-exporter names them where it has an equivalent (DCGM_FI_DEV_SM_CLOCK,
+DCGM_FI_DEV_GPU_TEMP, ...; labels gpu, UUID, pci_bus_id, device, modelName, Hostname, node), so existing
+GPU dashboards and alerts read them, plus straggler_gpu_* for what it has not (the list and the mapping:
+docs/devices.md, "On /metrics"). A node without GPUs has none of these families, not even empty ones.
+
 This module reads the store and never writes it; it does not know the HTTPS server (server.py
 serves render() as a route; the plain port here shares only the host:port rule of straggler.addresses).
 """
 import json
+import sqlite3
 import time
 
 from .. import defaults
 from ..addresses import format_address, is_loopback, parse_listen
 from ..errors import StragglerError
+from ..devices.nvml import CLOCK_EVENTS
 from ..store import steptime
+from ..store.schema import GPU_SAMPLE_COLUMNS
 from ..store.query import reading
 from ..text import one_line
 
@@ -56,6 +65,145 @@ def _prometheus():
     return CounterMetricFamily, GaugeMetricFamily, generate_latest, CollectorRegistry
 
 
+# ---------------------------------------------------------------- the GPUs (gpu_samples)
+
+MIB = 1 << 20
+MAX_GPU_ROWS = 256              # gpus rows one scrape reads (a node has a few GPUs; a swapped one adds a row)
+STALE_INTERVALS = 3             # a GPU's values are shown while its newest sample is younger than this many
+                                # sampling intervals (and at least the window); its age is shown always
+
+# (metric, help, gpu_samples column, scale): gauges named as dcgm-exporter names the same DCGM field (its
+# default-counters.csv and DCGM's field list), with its units. dcgm-exporter types the cumulative ones
+# (ECC, NVLink errors, remapped rows) as counters; prometheus-client names every counter NAME_total, so
+# they are gauges here: the series name is what dashboards and alerts match, and rate() reads either.
+DCGM_GAUGES = (
+    ("DCGM_FI_DEV_SM_CLOCK", "The SM clock now, MHz.", "sm_clock_mhz", 1),
+    ("DCGM_FI_DEV_MAX_SM_CLOCK", "The most the SM clock can run at, MHz.", "sm_clock_max_mhz", 1),
+    ("DCGM_FI_DEV_MEM_CLOCK", "The memory clock now, MHz.", "mem_clock_mhz", 1),
+    ("DCGM_FI_DEV_MAX_MEM_CLOCK", "The most the memory clock can run at, MHz.", "mem_clock_max_mhz", 1),
+    ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "Why the clocks are held down: NVML's clock-event (throttle) reasons "
+     "bitmask (straggler_gpu_clock_event names them).", "clock_events", 1),
+    ("DCGM_FI_DEV_GPU_TEMP", "GPU die temperature, degrees C.", "temperature_c", 1),
+    ("DCGM_FI_DEV_POWER_USAGE", "Power the board draws, W.", "power_mw", 1e-3),
+    ("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "The power limit the driver enforces, W.", "power_limit_mw", 1e-3),
+    ("DCGM_FI_DEV_GPU_UTIL", "Percent of the last sample period a kernel ran.", "util_gpu_pct", 1),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "Percent of the last sample period device memory was read or written.", "util_mem_pct", 1),
+    ("DCGM_FI_DEV_FB_USED", "Device memory in use, MiB.", "mem_used_bytes", MIB),
+    ("DCGM_FI_DEV_FB_FREE", "Device memory not in use, MiB.", "mem_free_bytes", MIB),
+    ("DCGM_FI_DEV_FB_TOTAL", "Device memory, MiB.", "mem_total_bytes", MIB),
+    ("DCGM_FI_DEV_PCIE_LINK_GEN", "The PCIe link's generation now.", "pcie_gen", 1),
+    ("DCGM_FI_DEV_PCIE_MAX_LINK_GEN", "The highest PCIe generation this GPU and slot can do.", "pcie_gen_max", 1),
+    ("DCGM_FI_DEV_PCIE_LINK_WIDTH", "The PCIe link's lanes now.", "pcie_width", 1),
+    ("DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH", "The most PCIe lanes this GPU and slot can do.", "pcie_width_max", 1),
+    ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "NVLink data-link replays, all links, since the driver "
+     "loaded.", "nvlink_replay_errors", 1),
+    ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "NVLink link recoveries, all links, since the driver loaded.",
+     "nvlink_recovery_errors", 1),
+    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Corrected ECC errors since the driver loaded.", "ecc_corrected", 1),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Uncorrected ECC errors since the driver loaded.",
+     "ecc_uncorrected", 1),
+    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "Memory rows remapped after correctable errors.",
+     "remapped_rows_corrected", 1),
+    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "Memory rows remapped after uncorrectable errors.",
+     "remapped_rows_uncorrected", 1),
+    ("DCGM_FI_DEV_ROW_REMAP_PENDING", "1: a row remap waits for the GPU's reset.",
+     "remap_pending", 1),
+    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "1: a row remap failed (the GPU needs service).", "remap_failure", 1),
+    ("DCGM_FI_DEV_XID_ERRORS", "The code of the GPU's last Xid error in this node's store (0: none).",
+     "last_xid", 1),
+)
+# what dcgm-exporter has no equal for (DCGM_FI_DEV_PCIE_TX_THROUGHPUT is a counter of KB there; NVLink CRC
+# errors are two fields there, flit and data, summed here)
+OWN_GAUGES = (
+    ("straggler_gpu_pcie_tx_kb_per_second", "PCIe transmit throughput, KB/s as NVML measures it (over 20 ms).",
+     "pcie_tx_kb_s", 1),
+    ("straggler_gpu_pcie_rx_kb_per_second", "PCIe receive throughput, KB/s as NVML measures it (over 20 ms).",
+     "pcie_rx_kb_s", 1),
+    ("straggler_gpu_nvlink_links_up", "NVLinks up (no series: the GPU has no NVLink).", "nvlink_links", 1),
+    ("straggler_gpu_nvlink_crc_errors", "NVLink receive CRC errors, flit + data, all links, since the driver loaded.",
+     "nvlink_crc_errors", 1),
+)
+GPU_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "node"]
+
+_GPU_VALUE_COLUMNS = [c for c in GPU_SAMPLE_COLUMNS[3:] if c != "read_error"]
+_GPU_NAMES = ("gpu", "uuid", "name", "bus", "minor", "ts", *_GPU_VALUE_COLUMNS, "read_error", "last_xid",
+              "interval_ns")
+# The newest sample of each GPU the agent lists: per GPU its MAX(ts) and its last Xid through the
+# (node, gpu, ts) indexes, so a scrape costs a few index look-ups per GPU however long the store is.
+_GPU_SQL = (
+    "SELECT g.gpu, g.uuid, g.name, g.pci_bus_id, g.minor, s.ts, "
+    + ", ".join(f"s.{c}" for c in _GPU_VALUE_COLUMNS) + ", s.read_error, "
+    "(SELECT e.xid FROM gpu_errors e WHERE e.node = g.node AND e.gpu = g.gpu ORDER BY e.ts DESC LIMIT 1), "
+    "(SELECT value FROM meta WHERE key = 'devices_interval_ns') "
+    "FROM gpus g JOIN gpu_samples s ON s.node = g.node AND s.gpu = g.gpu "
+    "AND s.ts = (SELECT MAX(m.ts) FROM gpu_samples m WHERE m.node = g.node AND m.gpu = g.gpu) "
+    "ORDER BY g.gpu, s.ts DESC, g.last_seen DESC LIMIT ?")
+
+
+def nvml_bus_id(pci_bus_id):
+    """'0000:3b:00.0' (the store's) as NVML and dcgm-exporter write it: '00000000:3B:00.0'."""
+    if not pci_bus_id or ":" not in pci_bus_id:
+        return pci_bus_id or ""
+    domain, rest = pci_bus_id.split(":", 1)
+    try:
+        return f"{int(domain, 16):08X}:{rest.upper()}"
+    except ValueError:
+        return pci_bus_id
+
+
+def newest_per_gpu(rows):
+    """One row per GPU index: the newest sample (and, of the gpus rows at that index, the last seen)."""
+    out = {}
+    for row in rows:            # ordered by gpu, sample ts, last_seen, newest first
+        out.setdefault(row["gpu"], row)
+    return [out[g] for g in sorted(out)]
+
+
+def gpu_families(Gauge, rows, node, now_ns, window_s):
+    """The GPU metric families that have samples (a node without GPUs: none)."""
+    rows = newest_per_gpu(rows)
+    if not rows:
+        return []
+    newest = max(r["ts"] for r in rows)
+    end = now_ns if newest <= now_ns + 1_000_000_000 else newest    # a store from another boot: its own end
+    families = {}
+
+    def add(name, doc, labels, value, extra=()):
+        family = families.get(name)
+        if family is None:
+            family = families[name] = Gauge(name, doc, labels=GPU_LABELS + [k for k, _ in extra])
+        family.add_metric(labels + [v for _, v in extra], value)
+
+    for r in rows:
+        labels = [str(r["gpu"]), r["uuid"] or "", nvml_bus_id(r["bus"]),
+                  "" if r["minor"] is None else f"nvidia{r['minor']}", r["name"] or "", node, node]
+        age_ns = max(0, end - r["ts"])
+        add("straggler_gpu_sample_age_seconds", "Age of the newest NVML sample of this GPU (a stale sampler: "
+            "its other series are gone)", labels, round(age_ns / 1e9, 3))
+        interval_ns = int(r["interval_ns"]) if str(r["interval_ns"] or "").isdigit() else 1_000_000_000
+        if age_ns > max(window_s * 1e9, STALE_INTERVALS * interval_ns):
+            continue
+        values = dict(r)
+        used, total = values["mem_used_bytes"], values["mem_total_bytes"]
+        values["mem_free_bytes"] = total - used if used is not None and total is not None else None
+        values["last_xid"] = values["last_xid"] or 0
+        for name, doc, column, scale in DCGM_GAUGES + OWN_GAUGES:
+            value = values[column]
+            if value is None:
+                continue
+            add(name, doc, labels, int(value) // scale if scale == MIB else round(value * scale, 3))
+        mask = values["clock_events"]
+        if mask is not None:
+            for bit, reason in CLOCK_EVENTS:
+                add("straggler_gpu_clock_event", "1 while this clock-event reason holds the clocks down (fault: "
+                    "sw_power_cap, hw_slowdown, sw_thermal_slowdown, hw_thermal_slowdown, hw_power_brake_slowdown)",
+                    labels, 1 if mask & bit else 0, extra=[("reason", reason)])
+        if values["read_error"]:
+            add("straggler_gpu_read_error", "1: NVML failed to read values of this GPU's newest sample "
+                "(e.g. GPU is lost)", labels, 1, extra=[("error", values["read_error"])])
+    return list(families.values())
+
+
 def _read(db_path, window_s, at_ns=None, timeout_s=DEFAULT_TIMEOUT_S):
     with reading(db_path, timeout_s, "the metrics") as conn:
         newest = conn.execute("SELECT MAX(ts + interval_ns) FROM thread_time").fetchone()[0]
@@ -76,7 +224,13 @@ def _read(db_path, window_s, at_ns=None, timeout_s=DEFAULT_TIMEOUT_S):
             rows = [dict(zip(names, r)) for r in cur.fetchall()]
         lost = conn.execute("SELECT probe, SUM(count) FROM lost_events GROUP BY probe").fetchall()
         cost = conn.execute("SELECT interval_ns, cpu_seconds, rss_bytes FROM agent_cost ORDER BY ts DESC LIMIT 1").fetchone()
-    return newest, rows, lost, cost, now
+        try:
+            gpus = [dict(zip(_GPU_NAMES, r)) for r in conn.execute(_GPU_SQL, (MAX_GPU_ROWS,))]
+        except sqlite3.OperationalError as exc:
+            if "no such table" not in str(exc):
+                raise
+            gpus = []           # a store from before schema 3 (served read-only): no GPUs
+    return newest, rows, lost, cost, now, gpus
 
 
 def rank_summaries(rows, window_ns):
@@ -118,7 +272,7 @@ class NodeCollector:
 
     def collect(self):
         Counter, Gauge, _, _ = _prometheus()
-        newest, rows, lost, cost, now = _read(self.db_path, self.window_s, self.at_ns, self.timeout_s)
+        newest, rows, lost, cost, now, gpus = _read(self.db_path, self.window_s, self.at_ns, self.timeout_s)
         node = self.node
         wait = Gauge("straggler_rank_wait_ratio", "Share of wall time the rank's calling thread waited for its peers "
                      "(blocking: collectives + blocked; enqueue: also synchronize)", labels=["node", "rank", "pid", "wait"])
@@ -165,6 +319,7 @@ class NodeCollector:
                 rss.add_metric([node], int(cost[2]))
         yield cpu
         yield rss
+        yield from gpu_families(Gauge, gpus, node, now, self.window_s)
 
 
 def render(db_path, node, window_s=DEFAULT_WINDOW_S, at_ns=None, timeout_s=DEFAULT_TIMEOUT_S):

@@ -193,6 +193,8 @@ CREATE TABLE IF NOT EXISTS gpu_errors (
     message     TEXT    NOT NULL           -- the line as logged
 );
 CREATE INDEX IF NOT EXISTS gpu_errors_ts ON gpu_errors(ts);
+-- a GPU's last Xid (/metrics: DCGM_FI_DEV_XID_ERRORS) without reading the others'
+CREATE INDEX IF NOT EXISTS gpu_errors_node_gpu_ts ON gpu_errors(node, gpu, ts);
 
 -- (monotonic, realtime) pairs read back to back, so any ts converts to wall-clock time.
 CREATE TABLE IF NOT EXISTS clock_pairs (
