@@ -52,6 +52,22 @@ def find_straggler_bin(module, requested=None):
         'deploy the agent on this host (role straggler_agent) or set straggler_bin' % (DEFAULT_STRAGGLER_BIN, sys.executable))
 
 
+def privilege_problem(db):
+    """One line when `db` cannot be read for lack of privilege (the agent's database and its directory are
+    root's), with the fix; None otherwise (a missing database is for the caller to report)."""
+    try:
+        os.stat(db)
+    except PermissionError:            # a directory on the way that this user may not enter
+        pass
+    except OSError:                    # missing: not a question of privilege
+        return None
+    else:
+        if os.access(db, os.R_OK):
+            return None
+    return ('cannot read %s as uid %d: the agent\'s database is root\'s; run the task as root with become '
+            '(ansible -b, or become: true in the play)' % (db, os.geteuid()))
+
+
 def error_line(stderr, stdout=''):
     """The one line worth showing from a failed CLI run: the last non-empty stderr line
     (the CLI prints `straggler CMD: error: WHAT; WHAT TO DO`; the prefix is dropped), else the

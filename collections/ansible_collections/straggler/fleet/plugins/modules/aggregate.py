@@ -63,6 +63,9 @@ attributes:
   check_mode:
     support: full
     details: Builds the table; reports whether O(dest) would change without writing it.
+  diff_mode:
+    support: full
+    details: Shows how O(dest) changes (its text) with C(--diff).
   platform:
     platforms: all
 notes:

@@ -130,6 +130,7 @@ from ansible_collections.straggler.fleet.plugins.module_utils.agent_cli import (
     DEFAULT_DB,
     AgentCliError,
     find_straggler_bin,
+    privilege_problem,
     run_agent_cli,
 )
 
@@ -175,6 +176,9 @@ def main():
     params = module.params
     db = params['db']
     try:
+        problem = privilege_problem(db)
+        if problem:
+            raise AgentCliError(problem)
         straggler_bin = find_straggler_bin(module, params['straggler_bin'])
         if not os.path.isfile(db):
             raise AgentCliError('no database at %s: is the agent tracing on this host, or set db' % db)

@@ -93,6 +93,9 @@ attributes:
   check_mode:
     support: full
     details: Explains (read-only) and reports whether the files would change without writing them.
+  diff_mode:
+    support: full
+    details: Shows how O(dest), O(markdown) and O(junit) change with C(--diff).
 seealso:
   - module: straggler.fleet.merge
   - module: straggler.fleet.fleet_query

@@ -97,6 +97,9 @@ attributes:
   check_mode:
     support: full
     details: Queries (read-only) and reports whether O(dest) would change without writing it.
+  diff_mode:
+    support: full
+    details: Shows how O(dest) changes with C(--diff).
 notes:
   - "Node statuses: C(ok), C(empty) (answered, no rows), C(sql-error), C(tls-error), C(forbidden) (the client
     certificate lacks the role), C(refused), C(timeout), C(truncated) (the answer ended short), C(unreachable)."

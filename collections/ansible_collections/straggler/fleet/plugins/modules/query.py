@@ -148,6 +148,7 @@ from ansible_collections.straggler.fleet.plugins.module_utils.agent_cli import (
     AgentCliError,
     find_straggler_bin,
     parse_json_output,
+    privilege_problem,
     run_agent_cli,
 )
 
@@ -179,6 +180,9 @@ def run_query(module):
         module.fail_json(msg='limit must be at least 1', db=params['db'])
     if params['timeout'] <= 0:
         module.fail_json(msg='timeout must be more than 0 seconds', db=params['db'])
+    problem = privilege_problem(params['db'])
+    if problem:
+        raise AgentCliError(problem)
     straggler_bin = find_straggler_bin(module, params['straggler_bin'])
     stdout, dummy = run_agent_cli(module, straggler_bin,
                                   build_query_arguments(params['db'], params['sql'], params['limit'], params['timeout']))

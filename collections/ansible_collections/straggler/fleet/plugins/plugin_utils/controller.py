@@ -47,6 +47,10 @@ class StragglerAction(ActionBase):
     def run_task(self, args, task_vars, result):
         raise NotImplementedError
 
+    def _diff_list(self, result):
+        """The list a file's diff goes into (result['diff']) when the task runs with --diff, else None."""
+        return result.setdefault('diff', []) if self._task.diff else None
+
 
 class ControllerAction(StragglerAction):
     """An action that runs once per play on the controller (like run_once) and uses no connection
@@ -163,17 +167,23 @@ def guess_format(dest, requested):
     return 'json'
 
 
-def write_if_changed(path, text, check_mode=False):
+def write_if_changed(path, text, check_mode=False, diff=None):
     """Write `text` to `path` atomically (creating parent directories), mode RESULT_FILE_MODE, unless
-    it already holds exactly that. Returns True when the file was (or, in check mode, would be) written."""
+    it already holds exactly that. Returns True when the file was (or, in check mode, would be) written.
+    diff: a list to append Ansible's diff of the file to (--diff), or None."""
     path = os.path.abspath(os.path.expanduser(path))
     data = to_bytes(text)
+    before = None
     try:
         with open(path, 'rb') as existing:
-            if existing.read() == data:
+            before = existing.read()
+            if before == data:
                 return False
     except OSError:
         pass
+    if diff is not None:
+        diff.append(dict(before_header=path, after_header=path, after=to_text(data, errors='surrogate_or_replace'),
+                         before=to_text(before, errors='surrogate_or_replace') if before is not None else ''))
     if check_mode:
         return True
     directory = os.path.dirname(path)

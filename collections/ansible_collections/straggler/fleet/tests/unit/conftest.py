@@ -50,12 +50,13 @@ def run_module(capsys):
     return run
 
 
-def make_action(action_class, args, check_mode=False, connection=None):
+def make_action(action_class, args, check_mode=False, connection=None, diff=False):
     """An action plugin instance around a stand-in task (what the task executor would build)."""
     from unittest import mock
     task = mock.MagicMock()
     task.args = dict(args)
     task.check_mode = check_mode
+    task.diff = diff
     task.async_val = 0
     task.action = 'straggler.fleet.test'
     if connection is None:

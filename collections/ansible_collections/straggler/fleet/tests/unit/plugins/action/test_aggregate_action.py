@@ -124,3 +124,24 @@ def test_bad_format_and_no_hosts_are_refused(action_factory):
         action_factory(ActionModule, dict(format='xml')).run(task_vars=hostvars_task_vars(a=OK_A))
     with pytest.raises(AnsibleActionFail, match='no hosts'):
         action_factory(ActionModule, {}).run(task_vars=dict(hostvars={}, ansible_play_hosts_all=[]))
+
+
+def test_diff_shows_the_table_before_and_after_and_the_file_is_for_its_owner_only(action_factory, tmp_path):
+    dest = tmp_path / 'table.csv'
+    first = action_factory(ActionModule, dict(dest=str(dest)), diff=True).run(task_vars=hostvars_task_vars(a=OK_A))
+    assert first['diff'] == [dict(before_header=str(dest), after_header=str(dest), before='', after=dest.read_text())]
+    assert dest.stat().st_mode & 0o777 == 0o600
+    second = action_factory(ActionModule, dict(dest=str(dest)), diff=True, check_mode=True).run(
+        task_vars=hostvars_task_vars(a=OK_B))
+    assert second['changed'] and 'node-a' in second['diff'][0]['before'] and 'node-b' in second['diff'][0]['after']
+    assert 'node-a' in dest.read_text()                   # check mode: shown, not written
+    unchanged = action_factory(ActionModule, dict(dest=str(dest)), diff=True).run(task_vars=hostvars_task_vars(a=OK_A))
+    assert not unchanged['changed'] and 'diff' not in unchanged or unchanged['diff'] == []
+
+
+def test_under_serial_later_batches_are_pending_not_missing(action_factory):
+    task_vars = hostvars_task_vars(a=OK_A, b=None, c=None)
+    task_vars.update(ansible_play_hosts=['a', 'b', 'c'], ansible_play_batch=['a'])
+    result = action_factory(ActionModule, {}).run(task_vars=task_vars)
+    assert result['pending'] == ['b', 'c'] and result['missing'] == ['ghost']     # ghost: left the play earlier
+    assert result['msg'] == '1 of 2 hosts answered, 2 rows; missing: ghost; 2 in later batches (serial): b, c'

@@ -89,3 +89,25 @@ def test_cli_arguments_keep_sql_a_positional():
     assert arguments[-2:] == ['--', '-x']
     assert arguments[:2] == ['query', '--db'] and '--json' in arguments
     assert os.path.basename(arguments[2]) == 'db'
+
+
+def test_a_user_without_the_privilege_gets_one_line_saying_become(run_module, tmp_path, straggler_bin):
+    """The agent's database lies in a root-only directory: the module, run by another user (setpriv, nobody),
+    says in one line that it needs root and how; run by root, the same check finds nothing."""
+    import subprocess
+    import sys
+    private = tmp_path / 'private'
+    private.mkdir(mode=0o700)
+    tmp_path.chmod(0o755)
+    db = private / 'straggler.db'
+    db.write_bytes(b'')
+    agent_cli = os.path.join(os.path.dirname(query.__file__), '..', 'module_utils')
+    code = ('import sys; sys.path.insert(0, %r); import agent_cli; print(agent_cli.privilege_problem(%r))'
+            % (os.path.abspath(agent_cli), str(db)))
+    proc = subprocess.run(['setpriv', '--reuid=65534', '--regid=65534', '--clear-groups', sys.base_prefix + '/bin/python3',
+                           '-c', code], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == ("cannot read %s as uid 65534: the agent's database is root's; run the task as root "
+                                   "with become (ansible -b, or become: true in the play)" % db)
+    code, result = run_module(query.main, dict(sql='SELECT 1', db=str(db), straggler_bin=straggler_bin))
+    assert 'become' not in result.get('msg', '')          # root reads it: no privilege problem
