@@ -181,3 +181,10 @@ def test_aggregate_under_serial_lists_later_batches_as_pending_and_the_last_hold
     assert proc.returncode == 0, shown(proc)
     tables = re.findall(r"TABLE (\S*) PENDING (\S*) MISSING (\S*)\"", proc.stdout)
     assert tables == [("ok,pending", "node-b", ""), ("ok,ok", "", "")], shown(proc)
+
+
+@pytest.mark.parametrize("name", ["trace", "fleet_query", "explain", "collect", "diagnose"])
+def test_every_playbook_runs_from_the_playbooks_directory_without_the_roots_config(name):
+    """cd playbooks && ansible-playbook NAME.yml: playbooks/ansible.cfg finds the checkout's collection and roles."""
+    proc = playbook("--syntax-check", f"{name}.yml", cwd=REPO / "playbooks")
+    assert proc.returncode == 0, shown(proc)
