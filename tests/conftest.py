@@ -49,6 +49,8 @@ SLOW_FILES = {
     "test_collection.py": "ansible-playbook and ansible-test sanity runs",
     "test_playbooks_local.py": "ansible-playbook runs",
     "test_playbooks_typed.py": "ansible-playbook runs",
+    "test_playbooks_controllers.py": "ansible-playbook runs",
+    "test_collection_jobs_inventory.py": "ansible-inventory and ansible-playbook runs",
     "test_lint.py": "ansible-lint over the repository",
 }
 
