@@ -1,7 +1,9 @@
 """Synthetic step-time series: a synchronous job's per-thread summaries (thread_time, as the agent
 writes them every interval) for N nodes x R ranks, with faults on a schedule — late, intermittent,
 from the first step, on one rank of a node or on the whole node — written into one cluster database
-(already merged: nodes' clocks aligned) or one store per node. For explain's tests of episodes in
+(already merged: nodes' clocks aligned) or one store per node. Each node's CLOCK_MONOTONIC is its own
+(boot_s), its realtime clock may be off (realtime_error_s, taken out by the merge's offset) or its clock
+pairs missing (no_clock_pairs), as on machines of a real cluster. For explain's tests of episodes in
 time and for the benchmark over a day of a large job; the lab's, never the product's.
 
 The physics: every step the job waits for its slowest rank. A faulty rank's own work per step grows by
@@ -70,6 +72,11 @@ class SeriesSpec:
                                      # every interval (gpus, gpu_samples, gpu_processes, gpu_errors)
     prefix: str = "gpu-node-"
     seed: int = 1
+    boot_s: tuple = None             # each node's CLOCK_MONOTONIC at the trace start, s (default: BOOT_S plus 977 s per
+                                     # node index): machines booted weeks apart have monotonic clocks far apart
+    realtime_error_s: tuple = None   # each node's realtime clock ahead of the true time by this (its clock pairs say
+                                     # so); the merge's measured offset (clock_offsets, method 'merge') takes it out
+    no_clock_pairs: tuple = ()       # node indexes written without clock pairs (a store of an older agent)
 
     def node_name(self, index):
         return f"{self.prefix}{index + 1:02d}"
@@ -131,6 +138,17 @@ def _boot_mono_ns(index):
     return (BOOT_S + 977 * index) * 1_000_000_000
 
 
+def _mono0(spec, index):
+    """Node `index`'s CLOCK_MONOTONIC at the trace start (ns)."""
+    if spec.boot_s is not None:
+        return int(spec.boot_s[index] * 1e9)
+    return _boot_mono_ns(index)
+
+
+def _realtime_error_ns(spec, index):
+    return int(spec.realtime_error_s[index] * 1e9) if spec.realtime_error_s is not None else 0
+
+
 def generate(spec):
     """Yield (node index, [thread_time row tuples]) per interval, in time order."""
     rng = random.Random(spec.seed)
@@ -144,7 +162,7 @@ def generate(spec):
             share = f.on_share(t_s, t_s + iv)
             slowest = max(slowest, 1.0 + (f.slow - 1.0) * share)
         for node in range(spec.nodes):
-            ts = _boot_mono_ns(node) + int(t_s * 1e9)
+            ts = _mono0(spec, node) + int(t_s * 1e9)
             out = []
             for local in range(spec.ranks_per_node):
                 rank = node * spec.ranks_per_node + local
@@ -157,13 +175,18 @@ def generate(spec):
     del world
 
 
-def _side_tables(conn, spec, nodes):
+def _side_tables(conn, spec, nodes, merged=True):
     for node in nodes:
         name = spec.node_name(node)
-        mono0 = _boot_mono_ns(node)
-        real0 = REFERENCE_T0_NS
+        mono0 = _mono0(spec, node)
+        real0 = REFERENCE_T0_NS + _realtime_error_ns(spec, node)
         pairs = [(name, mono0 + int(s * 1e9), real0 + int(s * 1e9)) for s in range(0, int(spec.seconds) + 1, 60)]
-        conn.executemany("INSERT INTO clock_pairs(node, mono_ns, real_ns) VALUES (?, ?, ?)", pairs)
+        if node not in spec.no_clock_pairs:
+            conn.executemany("INSERT INTO clock_pairs(node, mono_ns, real_ns) VALUES (?, ?, ?)", pairs)
+        if spec.realtime_error_s is not None and merged:
+            conn.execute("INSERT INTO clock_offsets(node, offset_ns, uncertainty_ns, measured_at, method) "
+                         "VALUES (?, ?, ?, ?, 'merge')", (name, _realtime_error_ns(spec, node), 100_000,
+                                                          REFERENCE_T0_NS + int(spec.seconds * 1e9)))
         for local in range(spec.ranks_per_node):
             rank = node * spec.ranks_per_node + local
             conn.execute("INSERT OR REPLACE INTO processes(node, pid, ppid, comm, rank, local_rank, world_size, "
@@ -181,7 +204,7 @@ def _gpu_tables(conn, spec):
     saying what Fault.device says while its fault is on."""
     samples, errors = [], []
     for node in range(spec.nodes):
-        name, mono0 = spec.node_name(node), _boot_mono_ns(node)
+        name, mono0 = spec.node_name(node), _mono0(spec, node)
         for local in range(spec.ranks_per_node):
             rank = node * spec.ranks_per_node + local
             bus = f"0000:{0x18 + local:02x}:00"
@@ -255,3 +278,30 @@ def facts(spec):
                              start_ns=REFERENCE_T0_NS + int(f.start_s * 1e9), end_ns=REFERENCE_T0_NS + int(f.end_s * 1e9),
                              intermittent=f.on_s is not None) for f in spec.faults],
                 t0_ns=REFERENCE_T0_NS)
+
+
+def write_nodes(out_dir, spec):
+    """One store per node in `out_dir` (NODE.db, as each node's agent writes it: its own clock pairs, no
+    merge's offsets; no device tables), for explain live on the fleet; returns its facts, with "files"
+    ([{"node", "path"}])."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {i: os.path.join(out_dir, f"{spec.node_name(i)}.db") for i in range(spec.nodes)}
+    conns = {}
+    try:
+        for i, path in paths.items():
+            if os.path.exists(path):
+                os.unlink(path)
+            conns[i] = sqlite3.connect(path)
+            schema.create(conns[i])
+        insert = f"INSERT INTO thread_time({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
+        for node, rows in generate(spec):
+            conns[node].executemany(insert, rows)
+        for i, conn in conns.items():
+            _side_tables(conn, spec, [i], merged=False)
+            conn.execute("INSERT OR REPLACE INTO meta VALUES ('synthetic', 'series')")
+            conn.commit()
+    finally:
+        for conn in conns.values():
+            conn.close()
+    return dict(facts(spec), files=[dict(node=spec.node_name(i), path=p) for i, p in paths.items()])
+

@@ -24,6 +24,11 @@ def add_arguments(parser):
     parser.add_argument("--last", type=float, metavar="S",
                         help="judge one fixed window instead of finding the episodes in time: each rank's last S "
                              "seconds (the rest before it is the baseline)")
+    parser.add_argument("--since", metavar="T",
+                        help="judge only the trace from T on the fleet's timeline (the report's, UTC): an ISO-8601 "
+                             "time (2026-01-01T02:00:00, UTC if no zone) or seconds from the trace's start (30, 90s); "
+                             "each node is cut at that time through its own clock")
+    parser.add_argument("--until", metavar="T", help="judge only the trace before T (the forms of --since)")
     parser.add_argument("--min-gap", type=float, default=ExplainOptions.min_gap,
                         help="the straggler waits at least this share of its time less than the other ranks' median "
                              f"(default {ExplainOptions.min_gap:g})")
@@ -37,7 +42,8 @@ def add_arguments(parser):
 
 
 def run(args):
-    opts = dict(baseline_fraction=args.baseline_fraction, min_gap=args.min_gap, user_xids=args.count_user_xids or None)
+    opts = dict(baseline_fraction=args.baseline_fraction, min_gap=args.min_gap, user_xids=args.count_user_xids or None,
+                since=args.since, until=args.until)
     if args.timeout:
         opts["timeout_s"] = args.timeout
     if args.last is not None and args.last <= 0:

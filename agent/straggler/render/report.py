@@ -40,6 +40,18 @@ def _hms(iso):
     return (iso[:10], iso[11:19]) if iso else ("", "")
 
 
+def span_text(span):
+    """The span --since/--until cut (Report.span), as one line: 'span judged (--since/--until): 2026-01-01
+    02:00:00 UTC → 2026-01-01 03:00:00 UTC; the trace: ... → ...'."""
+    def when(text, open_end):
+        if not text:
+            return open_end
+        return f"{' '.join(_hms(text))} UTC" if text[4:5] == "-" and text[10:11] == "T" else text
+    return (f"span judged (--since/--until): {when(span.get('since'), 'the trace start')} → "
+            f"{when(span.get('until'), 'its end')}; the trace: {when(span.get('trace_start'), '?')} → "
+            f"{when(span.get('trace_end'), '?')}")
+
+
 def _ranks_text(e):
     ranks = sorted(r["rank"] for r in e.get("ranks", []) if r.get("rank") is not None)
     if not ranks:
@@ -104,6 +116,9 @@ def to_text(report, show_sql=True, width=None):
     line(f"straggler explain — {report.source}")
     line(f"straggler: {', '.join(report.stragglers or [report.straggler])}" if report.straggler
          else "straggler: none found")
+    cut = getattr(report, "span", None)
+    if cut:
+        line(span_text(cut))
     line()
     if report.episodes:
         span = report.timeline or {}
@@ -144,6 +159,9 @@ def to_text(report, show_sql=True, width=None):
 def to_markdown(report):
     out = ["# straggler explain", "", safe_text(f"Source: {report.source}"), "",
            safe_text(f"**Straggler: {report.straggler}**") if report.straggler else "**No straggler found.**", ""]
+    cut = getattr(report, "span", None)
+    if cut:
+        out += [safe_text("S" + span_text(cut)[1:] + "."), ""]
     if report.episodes:
         out += ["## Straggle episodes", "", "The costliest first; times UTC on the fleet timeline.", "",
                 table_markdown(EPISODE_COLUMNS, episode_rows(report)),

@@ -134,7 +134,7 @@ def diagnose(case, out_dir):
         db.unlink()
     merge(sorted(set(case.agent_dbs.values())), str(db))
     margin = 2_000_000_000
-    report = explain.explain_db(str(db), since_ns=case.t_start_ns - margin, until_ns=case.t_end_ns + margin)
+    report = explain.explain_db(str(db), since_mono_ns=case.t_start_ns - margin, until_mono_ns=case.t_end_ns + margin)
     (out_dir / f"{name}-explain.txt").write_text(to_text(report, show_sql=False, width=120))
     return report
 

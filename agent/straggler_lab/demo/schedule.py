@@ -346,7 +346,8 @@ def _judge_whole_job(p, case_dir, world, t_start, t_end):
 def diagnose(run, out_dir, name="schedule", **explain_options):
     """explain with its defaults over the agents' stores merged (the real merge), over the job's span (the
     agents trace every job of the harness; a user asks about the job they ran): it is not told when the
-    faults were."""
+    faults were. The job's span is on CLOCK_MONOTONIC, one bound for every node: the test bed's hosts share
+    one kernel."""
     from pathlib import Path
 
     from straggler.analysis import explain
@@ -358,7 +359,8 @@ def diagnose(run, out_dir, name="schedule", **explain_options):
     if db.exists():
         db.unlink()
     merge(sorted(set(run.agent_dbs.values())), str(db))
-    report = explain.explain_db(str(db), since_ns=run.t_start_ns - JOB_MARGIN_NS, until_ns=run.t_end_ns + JOB_MARGIN_NS,
+    report = explain.explain_db(str(db), since_mono_ns=run.t_start_ns - JOB_MARGIN_NS,
+                                until_mono_ns=run.t_end_ns + JOB_MARGIN_NS,
                                 **explain_options)
     (out_dir / f"{name}-explain.txt").write_text(to_text(report, show_sql=False, width=140))
     return report

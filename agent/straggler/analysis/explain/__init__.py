@@ -2,6 +2,7 @@
 
   engine.py    the options, each rank's window and time, the verdict, the findings -> Report
   windows.py   each rank's window (its own baseline and the recent part)
+  span.py      the span judged (--since/--until on the fleet timeline, cut through each node's own clock)
   model.py     the rules that name the straggler and its causes (pure functions over rows)
   comms.py     NCCL communicators matched across nodes by their set-up, collectives grouped by them
   findings.py  what each finding says, with its numbers, SQL and recommendation

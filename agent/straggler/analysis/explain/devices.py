@@ -242,6 +242,11 @@ def over(runner, series, lo_bin, hi_bin, user_xids=False):
     return judge(runner.rows(texts["gpu_samples"]), runner.rows(texts["gpu_errors"])), texts
 
 
+def _until(series, alias):
+    """The span's end (--until), where one was given: a GPU's word after it is no evidence of the span."""
+    return "" if series.until_ns is None else f" AND {alias}.ts + clk.off < {int(series.until_ns)}"
+
+
 def device_series_sql(series):
     """Every GPU's samples and errors per bin of the series (fleet time, like the ranks' series)."""
     rows = sorted((node, c.offset_ns) for node, c in series.clocks.items())
@@ -254,7 +259,7 @@ SELECT s.node, s.gpu, {at} AS bin, COUNT(*) AS samples, SUM((s.clock_events & {S
          AS link_low,
        SUM(s.read_error IS NOT NULL AND s.read_error LIKE '%lost%') AS lost
 FROM gpu_samples s JOIN clk ON clk.node = s.node
-WHERE s.ts + clk.off >= {int(series.t0_ns)}
+WHERE s.ts + clk.off >= {int(series.t0_ns)}{_until(series, "s")}
 GROUP BY s.node, s.gpu, bin
 ORDER BY s.node, s.gpu, bin"""
 
@@ -265,7 +270,7 @@ def device_errors_sql(series, user_xids=False):
 WITH {values_cte("clk", ("node", "off"), rows)}
 SELECT e.node, e.gpu, (e.ts + clk.off - {int(series.t0_ns)}) / {int(series.bin_ns)} AS bin, COUNT(*) AS errors
 FROM gpu_errors e JOIN clk ON clk.node = e.node
-WHERE {_origins(user_xids)} AND e.gpu IS NOT NULL AND e.ts + clk.off >= {int(series.t0_ns)}
+WHERE {_origins(user_xids)} AND e.gpu IS NOT NULL AND e.ts + clk.off >= {int(series.t0_ns)}{_until(series, "e")}
 GROUP BY e.node, e.gpu, bin
 ORDER BY e.node, e.gpu, bin"""
 

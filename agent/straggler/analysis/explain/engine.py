@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 from ...errors import UsageError
 from ...store.steptime import rank_time
-from . import devices, episodes, findings, model, sql, timeline
+from . import devices, episodes, findings, model, span, sql, timeline
 from .findings import CAUSE_CLASSES
 from .report import SEVERITY_ORDER, Report
 from .runners import ConnRunner, DbRunner, FleetRunner
@@ -22,8 +22,11 @@ N_SLICES = 8
 class ExplainOptions:
     baseline_fraction: float = None  # a fixed cut: the first part of each rank's window is its own baseline
                                      # (without any fixed cut, explain finds the episodes in time)
-    since_ns: int = None             # only intervals from here (node CLOCK_MONOTONIC ns) ...
-    until_ns: int = None             # ... up to here
+    since: object = None             # only the trace from here, on the fleet timeline (the report's, UTC): an
+                                     # ISO-8601 time or seconds from the trace's start (durations.parse_time_bound)
+    until: object = None             # ... up to here (each node cut at that time through its own clock)
+    since_mono_ns: int = None        # the lab's: only intervals from here on EVERY node's CLOCK_MONOTONIC (hosts
+    until_mono_ns: int = None        # that share one kernel); a merged store of real machines needs since/until
     recent_from_ns: int = None       # the recent part starts here (instead of baseline_fraction)
     baseline_until_ns: int = None    # the baseline ends here (default: where the recent part starts)
     recent_s: float = None           # the recent part is each rank's last S seconds (instead of baseline_fraction)
@@ -115,29 +118,43 @@ def explain(runner, opts, source):
     user cut), each judged by the model, with its findings."""
     started = time.monotonic()
     report = Report(source=source, options={k: v for k, v in asdict(opts).items() if v is not None})
+    span.check(opts)                   # a bound that does not read fails before anything is asked
     ranks_info = {r["node"]: r for r in runner.rows(sql.RANKS)}
     world = max([r["world_size"] or 0 for r in ranks_info.values()] or [0])
+    cut = span.resolve(runner, opts)
     if opts.fixed_window:
-        spans_sql = sql.spans(opts.since_ns, opts.until_ns)
+        spans_sql = sql.spans(cut)
         span_rows = [r for r in runner.rows(spans_sql) if (r["calls"] or 0) >= opts.min_calls]
+        _check_span(cut, span_rows, runner)
         report.missing = _missing(runner, span_rows, world)
         fraction = opts.baseline_fraction if opts.baseline_fraction is not None else DEFAULT_BASELINE_FRACTION
-        analysis = analyse(runner, opts, cut_windows(span_rows, opts, fraction), span_rows)
+        analysis = analyse(runner, opts, cut_windows(span_rows, opts, fraction, cut), span_rows)
         emit(report, analysis)
         report.nodes = rank_rows(analysis)
     else:
-        spans_sql = sql.callers(opts.since_ns, opts.until_ns)
+        spans_sql = sql.callers(cut)
         callers = runner.rows(spans_sql)
         span_rows = _spans_of_callers(callers, opts.min_calls)
+        _check_span(cut, span_rows, runner)
         report.missing = _missing(runner, span_rows, world)
-        analysis = _episodes(runner, opts, report, callers, span_rows)
-    findings.communicator_finding(report, analysis)
+        analysis = _episodes(runner, opts, report, callers, span_rows, cut)
+    if cut.per_node is not None:
+        report.span = cut.to_dict()
+        findings.unaligned_cut_finding(report, cut, sql.NODE_CLOCKS)
+    findings.communicator_finding(report, analysis, cut)
     findings.missing_finding(report, analysis, world, spans_sql)
-    findings.error_findings(report, runner, opts)
+    findings.error_findings(report, runner, cut)
     findings.lost_findings(report, runner.rows(sql.LOST))
     _order(report.findings)
     report.elapsed_s = round(time.monotonic() - started, 3)
     return report
+
+
+def _check_span(cut, span_rows, runner):
+    """A span with --since/--until that holds no rank's calls is the user's to widen (one line), unless
+    nodes did not answer (then the report says which)."""
+    if cut.per_node is not None and not span_rows and not runner.missing:
+        raise UsageError(cut.empty_message())
 
 
 def _spans_of_callers(callers, min_calls):
@@ -155,10 +172,10 @@ def _spans_of_callers(callers, min_calls):
     return [v for _, v in sorted(out.items()) if v["calls"] >= min_calls]
 
 
-def _episodes(runner, opts, report, callers, span_rows):
+def _episodes(runner, opts, report, callers, span_rows, cut=None):
     """Find the episodes, judge the costliest in full; the report leads with the one that cost the job
     most. Without any, the whole trace is judged with the fixed cut (a device-wide change, waiters)."""
-    series = timeline.build_series(runner, callers, opts)
+    series = timeline.build_series(runner, callers, opts, cut)
     found = timeline.find_episodes(series, opts.episode_options()) if series else []
     judged = []
     for e in found:
@@ -181,7 +198,7 @@ def _episodes(runner, opts, report, callers, span_rows):
     if not judged:
         # no episode in time (none, or a trace too short to segment): the fixed cut over the whole trace,
         # whose recent part, when it names a straggler, is reported as that straggler's episode
-        analysis = analyse(runner, opts, cut_windows(span_rows, opts, DEFAULT_BASELINE_FRACTION), span_rows)
+        analysis = analyse(runner, opts, cut_windows(span_rows, opts, DEFAULT_BASELINE_FRACTION, cut), span_rows)
         if not analysis.verdict.stragglers or series is None:
             emit(report, analysis)
             report.nodes = rank_rows(analysis)

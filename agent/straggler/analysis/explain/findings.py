@@ -37,15 +37,15 @@ SIMPLE_CAUSES = {
 }
 
 
-def error_findings(report, runner, opts):
+def error_findings(report, runner, cut=None):
     """cuda-errors: a node whose CUDA/NCCL calls return errors (a lost GPU, an ECC error, a driver
     mismatch) is not fast, it is broken: which calls, which codes, since when, and what share of
     all its calls failed."""
-    errors_sql = sql.call_errors(opts.since_ns, opts.until_ns)
+    errors_sql = sql.call_errors(cut)
     rows = runner.rows(errors_sql)
     if not rows:
         return
-    counts_sql = sql.call_counts(opts.since_ns, opts.until_ns)
+    counts_sql = sql.call_counts(cut)
     totals = {r["node"]: int(r["calls"] or 0) for r in runner.rows(counts_sql)}
     by_node = {}
     for r in rows:
@@ -100,6 +100,27 @@ def lost_findings(report, lost):
             numbers={"lost_events": r["lost_events"]}, sql={"lost_events": sql.LOST.strip()},
             sources={"lost_events": dict(sql="lost_events", match={"node": r["node"]}, column="lost_events")},
             recommendation="raise the agent's buffer size (--ringbuf-kb, --sys-ringbuf-kb) or trace fewer calls"))
+
+
+def unaligned_cut_finding(report, cut, clocks_sql):
+    """--since/--until on nodes without clock pairs: cut on their own clock, placed as the timeline places
+    them (their first summary at the earliest aligned node's), so their bounds are approximate. Once."""
+    nodes = cut.unaligned
+    if not nodes:
+        return
+    numbers = {}
+    for node in nodes:
+        lo, hi = cut.bounds(node)
+        numbers.update({f"{node}.{name}": v for name, v in (("since_mono_ns", lo), ("until_mono_ns", hi)) if v is not None})
+    where = ("no node has clock pairs: the span is cut on each node's own clock, every node placed as if it "
+             "started with the others" if len(nodes) == len(cut.clocks) else
+             f"no clock pairs on {', '.join(nodes)}: each is cut on its own monotonic clock, placed as if it started "
+             "with the other nodes, so there the bounds are approximate")
+    report.findings.append(Finding(
+        severity="warning", node=None, cause="unaligned-clock", summary=f"--since/--until: {where}",
+        numbers=numbers, sql={"clocks": clocks_sql.strip(), "span": cut.span_sql.strip()},
+        recommendation="merge stores that hold the agents' clock pairs (an agent of this version writes them as it "
+                       "traces); meanwhile read that node's part of the span as approximate"))
 
 
 def device_findings(series_sql, device_sql, j, ev, ranks):
@@ -434,19 +455,19 @@ def _comm_label(c):
     return f"communicator {c.cid} ({size}, made by {c.made_by}: {ranks})"
 
 
-def communicator_finding(report, ctx):
+def communicator_finding(report, ctx, cut=None):
     """The job's NCCL communicators (matched across nodes by their set-up) and each rank's recorded time
     in the collectives of each; with a straggler, the communicator in which its peers wait for it, when
     they do wait inside collective calls (not with collectives that only enqueue)."""
     windows = [w for w in ctx.windows if w.key in ctx.recent]
     if not windows:
         return
-    runner, opts = ctx.runner, ctx.opts
+    runner = ctx.runner
     coll_sql = sql.comm_collectives(windows, COLLECTIVE_OPS)
     coll_rows = runner.rows(coll_sql)
     if not any(r.get("communicator") for r in coll_rows):
         return
-    setup_sql = sql.comm_setups(opts.until_ns)
+    setup_sql = sql.comm_setups(cut.until_only() if cut is not None else None)
     ranks = {(r["node"], int(r["pid"])): r["rank"] for r in ctx.span_rows}
     found = comms_model.group(runner.rows(setup_sql), coll_rows, ranks)
     if not found:

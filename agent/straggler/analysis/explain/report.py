@@ -38,8 +38,10 @@ class Report:
     elapsed_s: float = 0.0
     episodes: list = field(default_factory=list)    # every straggle episode (dicts), the costliest first
     timeline: dict = None                           # the trace's span and bins on the fleet timeline
+    span: dict = None                               # --since/--until: the span judged (fleet time, UTC) and each
+                                                    # node's bounds on its own clock (span.Cut.to_dict)
 
     def to_dict(self):
         return dict(straggler=self.straggler, stragglers=self.stragglers, findings=[f.to_dict() for f in self.findings], nodes=self.nodes,
                     missing=self.missing, source=self.source, options=self.options, elapsed_s=self.elapsed_s,
-                    episodes=self.episodes, timeline=self.timeline)
+                    episodes=self.episodes, timeline=self.timeline, span=self.span)

@@ -21,44 +21,91 @@ def values_cte(name, columns, rows):
     return f"{name}({', '.join(columns)}) AS (VALUES\n    {values}\n)"
 
 
-def spans(since_ns=None, until_ns=None):
-    """Each process that made traced calls: its rank and the span of intervals with calls."""
-    where = ["calls > 0"]
-    if since_ns is not None:
-        where.append(f"ts >= {int(since_ns)}")
-    if until_ns is not None:
-        where.append(f"ts < {int(until_ns)}")
-    return f"""
-SELECT node, pid, MIN(rank) AS rank, MIN(ts) AS first_ts, MAX(ts + interval_ns) AS last_ts,
-       MAX(interval_ns) AS interval_ns, SUM(calls) AS calls
+def cut_clause(cut, column="ts", node_column="node", pid_column=None):
+    """' AND ...': only the rows in the span explain judges (span.Cut): on each node, its own bounds on
+    its clock (the nodes of a merged cluster.db have monotonic clocks of their own, so one time is a
+    different number on each); the lab's monotonic bounds alike on every node; '' without a cut. A row
+    is in the span when it starts in it. With pid_column (thread_time), each node's processes are named
+    too, so the (node, pid, ts) index reads only the span."""
+    if cut is None or not cut.active:
+        return ""
+    if cut.per_node is None:
+        return _bounds(*cut.mono, column)
+    terms = []
+    for node in sorted(cut.per_node):
+        pids = cut.pids.get(node) if pid_column else None
+        of = f" AND {pid_column} IN ({', '.join(str(int(p)) for p in pids)})" if pids else ""
+        terms.append(f"({node_column} = {q(node)}{of}{_bounds(*cut.bounds(node), column)})")
+    return "\n  AND (" + ("\n       OR ".join(terms) or "0") + ")"
+
+
+RANK_INDEX = """
+SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'thread_time_node_pid_ts') AS indexed"""
+
+# Each traced process's first summary's start and last summary's end (the trace's span, --since/--until's
+# frame), read through the thread_time(node, pid, ts) index a few entries per process (a skip-scan: each
+# node, each of its pids, then its first and last summary), not by reading every summary.
+TRACE_SPAN = """
+WITH RECURSIVE
+  n(node) AS (SELECT MIN(node) FROM thread_time
+              UNION ALL
+              SELECT (SELECT MIN(node) FROM thread_time WHERE node > n.node) FROM n WHERE n.node IS NOT NULL),
+  p(node, pid) AS (SELECT node, (SELECT MIN(pid) FROM thread_time t WHERE t.node = n.node) FROM n
+                   WHERE n.node IS NOT NULL
+                   UNION ALL
+                   SELECT node, (SELECT MIN(pid) FROM thread_time t WHERE t.node = p.node AND t.pid > p.pid) FROM p
+                   WHERE p.pid IS NOT NULL)
+SELECT node, pid, (SELECT MIN(ts) FROM thread_time t WHERE t.node = p.node AND t.pid = p.pid) AS first_ts,
+       (SELECT ts + interval_ns FROM thread_time t WHERE t.node = p.node AND t.pid = p.pid
+        ORDER BY ts DESC LIMIT 1) AS last_ts
+FROM p
+WHERE pid IS NOT NULL
+ORDER BY node, pid"""
+
+# The same, for a store without that index (an agent older than it): every summary read once.
+TRACE_SPAN_SCAN = """
+SELECT node, pid, MIN(ts) AS first_ts, MAX(ts + interval_ns) AS last_ts
 FROM thread_time
-WHERE {' AND '.join(where)}
 GROUP BY node, pid
 ORDER BY node, pid"""
 
 
-def callers(since_ns=None, until_ns=None):
+def spans(cut=None):
+    """Each process that made traced calls: its rank and the span of intervals with calls."""
+    return f"""
+SELECT node, pid, MIN(rank) AS rank, MIN(ts) AS first_ts, MAX(ts + interval_ns) AS last_ts,
+       MAX(interval_ns) AS interval_ns, SUM(calls) AS calls
+FROM thread_time
+WHERE calls > 0{cut_clause(cut, pid_column="pid")}
+GROUP BY node, pid
+ORDER BY node, pid"""
+
+
+def callers(cut=None):
     """Each thread that made traced calls, per rank (node, pid): its calls and time in them (the calling
     thread is the one with the most), the span of its summaries and their interval."""
     return f"""
 SELECT node, pid, tid, MIN(rank) AS rank, SUM(calls) AS calls, SUM(work_ns + sync_ns + coll_ns) AS call_ns,
        MIN(ts) AS first_ts, MAX(ts + interval_ns) AS last_ts, MAX(interval_ns) AS interval_ns
 FROM thread_time
-WHERE calls > 0{_bounds(since_ns, until_ns)}
+WHERE calls > 0{cut_clause(cut, pid_column="pid")}
 GROUP BY node, pid, tid
 ORDER BY node, pid, tid"""
 
 
+# realtime minus monotonic averaged from its smallest value (an average of the whole ~1.8e18 is a double's,
+# off by up to 256 ns, which puts a trace that starts on a second one second early)
 NODE_CLOCKS = """
-SELECT p.node, CAST(AVG(p.real_ns - p.mono_ns) AS INTEGER) AS real_minus_mono, COUNT(*) AS pairs,
+SELECT p.node, b.low + CAST(AVG(p.real_ns - p.mono_ns - b.low) AS INTEGER) AS real_minus_mono, COUNT(*) AS pairs,
        (SELECT o.offset_ns FROM clock_offsets o WHERE o.node = p.node AND o.method = 'merge'
         ORDER BY o.measured_at DESC LIMIT 1) AS merge_offset_ns
 FROM clock_pairs p
+JOIN (SELECT node, MIN(real_ns - mono_ns) AS low FROM clock_pairs GROUP BY node) b ON b.node = p.node
 GROUP BY p.node
 ORDER BY p.node"""
 
 
-def series(keys, offsets, t0_ns, bin_ns, since_ns=None, until_ns=None):
+def series(keys, offsets, t0_ns, bin_ns, cut=None):
     """Every thread of each rank's process, summed per time bin of bin_ns on the fleet timeline (a node's
     ts plus its clock offset, from t0_ns): a summary belongs to the bin that holds its midpoint."""
     nodes = sorted({node for node, _ in keys})
@@ -70,7 +117,7 @@ SELECT tt.node, tt.pid, tt.tid, (tt.ts + tt.interval_ns / 2 + {off} - {int(t0_ns
        {THREAD_SUMS}, SUM(tt.interval_ns) AS wall_ns
 FROM thread_time tt
 WHERE (tt.node, tt.pid) IN (VALUES {ranks})
-  AND tt.ts + tt.interval_ns / 2 + {off} >= {int(t0_ns)}{_bounds(since_ns, until_ns, "tt.ts")}
+  AND tt.ts + tt.interval_ns / 2 + {off} >= {int(t0_ns)}{cut_clause(cut, "tt.ts", "tt.node", "tt.pid")}
 GROUP BY tt.node, tt.pid, tt.tid, bin
 ORDER BY tt.node, tt.pid, bin"""
 
@@ -184,23 +231,23 @@ def _not_failures():
                    for source, codes in sorted(NOT_FAILURES.items()))
 
 
-def call_errors(since_ns=None, until_ns=None):
+def call_errors(cut=None):
     """Traced calls that returned an error, per node, op and code (the agent records every one; NCCL's
     ncclInProgress, 7, from a non-blocking communicator, is not one)."""
     return f"""
 SELECT node, source, op, ret, COUNT(*) AS failed, MIN(ts) AS first_ts, MAX(ts + duration) AS last_ts
 FROM events
-WHERE source IN ('cuda', 'driver', 'nccl') AND ret IS NOT NULL AND ret != 0{_not_failures()}{_bounds(since_ns, until_ns)}
+WHERE source IN ('cuda', 'driver', 'nccl') AND ret IS NOT NULL AND ret != 0{_not_failures()}{cut_clause(cut)}
 GROUP BY node, source, op, ret
 ORDER BY node, failed DESC, op, ret"""
 
 
-def call_counts(since_ns=None, until_ns=None):
+def call_counts(cut=None):
     """Every traced call per node, recorded or not (the kernel's aggregates count them all)."""
     return f"""
 SELECT node, SUM(count) AS calls
 FROM aggregates
-WHERE source IN ('cuda', 'driver', 'nccl'){_bounds(since_ns, until_ns)}
+WHERE source IN ('cuda', 'driver', 'nccl'){cut_clause(cut)}
 GROUP BY node
 ORDER BY node"""
 
@@ -213,11 +260,11 @@ HAVING SUM(count) > 0
 ORDER BY node"""
 
 
-def comm_setups(until_ns=None):
+def comm_setups(cut=None):
     """NCCL communicators made (ncclCommInitRank*, ncclCommSplit: the agent records each; ret 0, or 7,
     ncclInProgress, from a non-blocking one): per node and process, in time order, the communicator's
     pointer there and what names it across the cluster (the unique id's magic, or the parent and color).
-    Not cut at --since: a job makes its communicators when it starts. (No alias may take a column's name,
+    Not cut at --since (pass cut.until_only()): a job makes its communicators when it starts. (No alias may take a column's name,
     "id" or "comm": SQLite resolves GROUP BY and ORDER BY names to the table's columns first.)"""
     return f"""
 SELECT node, pid, rank, op, ts, ret,
@@ -226,7 +273,7 @@ SELECT node, pid, rank, op, ts, ret,
        json_extract(detail, '$.parent') AS parent, json_extract(detail, '$.color') AS color
 FROM events
 WHERE source = 'nccl' AND op IN ('ncclCommInitRank', 'ncclCommSplit') AND ret IN ({', '.join(map(str, SETUP_OK))})
-  AND json_extract(detail, '$.comm') != '0x0'{_bounds(None, until_ns)}
+  AND json_extract(detail, '$.comm') != '0x0'{cut_clause(cut)}
 ORDER BY node, pid, ts"""
 
 

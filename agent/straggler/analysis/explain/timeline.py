@@ -43,6 +43,7 @@ class Series:
     phase_ns: dict = field(default_factory=dict)   # (node, pid) -> where its summaries start, modulo the interval
     sql: str = ""
     usable_bins: dict = field(default_factory=dict)   # (node, pid) -> its usable bins (usable(), computed once)
+    until_ns: int = None           # --until on the fleet timeline: what the GPUs said after it is not read
 
     def to_fleet(self, node, mono_ns):
         return int(mono_ns) + self.clocks[node].offset_ns
@@ -92,10 +93,18 @@ def node_clocks(runner, nodes):
             out[node] = NodeClock(node, 0, aligned=False)
         else:
             out[node] = NodeClock(node, int(r["real_minus_mono"]) - int(r["merge_offset_ns"] or 0))
-    if out and not all(c.aligned for c in out.values()):
-        # a node without pairs: started with the others (its first summary at the earliest one's)
-        pass
     return out
+
+
+def anchor_unaligned(clocks, first_of):
+    """A node without clock pairs started with the others: its offset puts its first summary
+    (first_of: {node: its first ts}) at the earliest aligned node's (at 0 when no node has pairs)."""
+    aligned_starts = [first_of[n] + c.offset_ns for n, c in clocks.items() if c.aligned and n in first_of]
+    anchor = min(aligned_starts) if aligned_starts else 0
+    for node, c in clocks.items():
+        if not c.aligned and node in first_of:
+            c.offset_ns = anchor - first_of[node]
+    return clocks
 
 
 def choose_bin(interval_ns, span_ns, n_ranks):
@@ -108,9 +117,11 @@ def choose_bin(interval_ns, span_ns, n_ranks):
     return interval_ns * factor
 
 
-def build_series(runner, callers, opts):
+def build_series(runner, callers, opts, cut=None):
     """The per-bin series of every rank in `callers` (sql.callers rows: node, pid, tid, rank, calls,
-    call_ns, first_ts, last_ts, interval_ns; the calling thread of each rank) -> Series, or None."""
+    call_ns, first_ts, last_ts, interval_ns; the calling thread of each rank) -> Series, or None.
+    cut (span.Cut): the span judged; with fleet-time bounds, its clocks place each node (a node without
+    clock pairs by the whole trace, as the bounds were translated, not by the span's first summary)."""
     calling, rank_of, interval_of, first, last = {}, {}, {}, {}, {}
     for r in callers:
         key = (r["node"], int(r["pid"]))
@@ -129,20 +140,21 @@ def build_series(runner, callers, opts):
     if len(keys) < 1:
         return None
     nodes = sorted({k[0] for k in keys})
-    clocks = node_clocks(runner, nodes)
-    # a node without clock pairs: its first summary placed at the earliest aligned node's
-    aligned_starts = [first[k] + clocks[k[0]].offset_ns for k in keys if clocks[k[0]].aligned]
-    anchor = min(aligned_starts) if aligned_starts else 0
-    for node, c in clocks.items():
-        if not c.aligned:
-            c.offset_ns = anchor - min(first[k] for k in keys if k[0] == node)
+    if cut is not None and all(n in cut.clocks for n in nodes):
+        clocks = {n: NodeClock(n, cut.clocks[n].offset_ns, cut.clocks[n].aligned) for n in nodes}
+    else:
+        clocks = node_clocks(runner, nodes)
+        first_of = {}
+        for k in keys:
+            first_of[k[0]] = min(first_of.get(k[0], first[k]), first[k])
+        anchor_unaligned(clocks, first_of)
     t0 = min(first[k] + clocks[k[0]].offset_ns for k in keys)
     t1 = max(last[k] + clocks[k[0]].offset_ns for k in keys)
     interval = max(interval_of[k] for k in keys)
     bin_ns = choose_bin(interval, t1 - t0, len(keys))
     t0 = t0 // interval * interval
     n_bins = max(1, -(-(t1 - t0) // bin_ns))
-    text = sql.series(keys, {n: c.offset_ns for n, c in clocks.items()}, t0, bin_ns, opts.since_ns, opts.until_ns)
+    text = sql.series(keys, {n: c.offset_ns for n, c in clocks.items()}, t0, bin_ns, cut)
     per = {}
     for r in runner.rows(text):
         key = (r["node"], int(r["pid"]))
@@ -161,7 +173,8 @@ def build_series(runner, callers, opts):
         ranks[key] = series
     return Series(t0_ns=t0, bin_ns=bin_ns, n_bins=n_bins, clocks=clocks, ranks=ranks, rank_of=rank_of,
                   calling={k: calling[k][0] for k in keys}, interval_ns=interval_of,
-                  phase_ns={k: first[k] % interval_of[k] for k in keys}, sql=text)
+                  phase_ns={k: first[k] % interval_of[k] for k in keys}, sql=text,
+                  until_ns=cut.until_ns if cut is not None else None)
 
 
 FULL_BIN = 0.9                 # a bin counts for a rank when its summaries cover this much of it

@@ -43,20 +43,22 @@ class Window:
         return self.recent[-1][1] if self.recent else None
 
 
-def cut_windows(span_rows, opts, baseline_fraction):
+def cut_windows(span_rows, opts, baseline_fraction, cut=None):
     """The fixed cut, a Window per rank: its span of intervals with calls, less the partial first and last
-    interval, split into its own baseline [t0, te) and the recent part [tb, t1): from opts.recent_from_ns,
-    or its last opts.recent_s, or after the first baseline_fraction of its span."""
+    interval, within the span judged (cut: span.Cut, each node's bounds on its clock), split into its own
+    baseline [t0, te) and the recent part [tb, t1): from opts.recent_from_ns, or its last opts.recent_s, or
+    after the first baseline_fraction of its span."""
     out = []
     for r in span_rows:
         step = int(r["interval_ns"] or 1)
         t0, t1 = int(r["first_ts"]), int(r["last_ts"])
         if t1 - t0 >= 4 * step:
             t0, t1 = t0 + step, t1 - step
-        if opts.since_ns is not None:
-            t0 = max(t0, int(opts.since_ns))
-        if opts.until_ns is not None:
-            t1 = min(t1, int(opts.until_ns))
+        lo, hi = cut.bounds(r["node"]) if cut is not None else (None, None)
+        if lo is not None:
+            t0 = max(t0, int(lo))
+        if hi is not None:
+            t1 = min(t1, int(hi))
         if t1 <= t0:
             continue
         if opts.recent_from_ns is not None:

@@ -6,13 +6,14 @@ offset; without pairs, its raw monotonic time), the trace start, the cut (--sinc
 Only reads the database (opened read-only); must not write anything.
 """
 import bisect
-import datetime
 import math
 import os
 import sqlite3
 import urllib.parse
 
 from ...clock import Aligner, clock_segments
+from ...durations import parse_time_bound
+from ...errors import UsageError
 from ...text import sql_quote
 from .errors import ExportError
 
@@ -54,26 +55,6 @@ def clock_info(conn, nodes):
                                                 (node,)).fetchall(), offsets.get(node, {}).get("offset_ns", 0))
              for node in nodes}
     return offsets, align
-
-
-def parse_time_bound(value, trace_start_ns):
-    """--since/--until: seconds from the trace start ('30', '30s', '1.5'), or an ISO-8601 time."""
-    if value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return trace_start_ns + int(float(value) * 1e9)
-    text = str(value).strip()
-    try:
-        return trace_start_ns + int(float(text.rstrip("s")) * 1e9)
-    except ValueError:
-        pass
-    try:
-        dt = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ExportError(f"time bound {value!r}: expected seconds from the trace start (e.g. 30) or ISO-8601")
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=datetime.timezone.utc)
-    return int(dt.timestamp() * 1e9)
 
 
 class Cut:
@@ -148,11 +129,14 @@ class Plan:
         self.timeline = ("ts_aligned" if self.has_aligned else "clock_pairs"
                          if all(a.exact for a in self.align.values()) else "monotonic (no clock pairs for some nodes)")
         self.realtime = not self.timeline.startswith("monotonic")
+        try:
+            lo, hi = parse_time_bound(since, start, "--since"), parse_time_bound(until, start, "--until")
+        except UsageError as exc:
+            raise ExportError(str(exc)) from None
         self.report = None
         if findings or around_findings is not None:
             from ..explain import explain_db
             self.report = explain_db(db_path)
-        lo, hi = parse_time_bound(since, start), parse_time_bound(until, start)
         bounded = lo is not None or hi is not None
         lo_b = lo if lo is not None else -(1 << 62)
         hi_b = hi if hi is not None else 1 << 62
