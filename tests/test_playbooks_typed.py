@@ -188,3 +188,22 @@ def test_every_playbook_runs_from_the_playbooks_directory_without_the_roots_conf
     """cd playbooks && ansible-playbook NAME.yml: playbooks/ansible.cfg finds the checkout's collection and roles."""
     proc = playbook("--syntax-check", f"{name}.yml", cwd=REPO / "playbooks")
     assert proc.returncode == 0, shown(proc)
+
+
+def test_explain_judges_the_span_given_as_straggler_since_and_until(tmp_path):
+    """-e straggler_since/straggler_until reach explain (explain.yml, diagnose.yml through it): a cut after
+    the first of two faults names the second; a reversed span fails the run in one line."""
+    from straggler_lab import series
+    db = tmp_path / "cluster.db"
+    series.write_cluster(str(db), series.SeriesSpec(nodes=4, seconds=600, faults=[
+        series.Fault(node=1, start_s=150, end_s=200, kind="cpu", slow=2.0),
+        series.Fault(node=2, start_s=400, end_s=450, kind="host", slow=2.0)]))
+    out = tmp_path / "out"
+    proc = playbook("explain.yml", "-e", f"straggler_cluster_db={db}", "-e", f"straggler_out={out}",
+                    "-e", "straggler_since=2026-01-01T00:05:00", cwd=REPO / "playbooks")
+    assert proc.returncode == 0 and "[WARNING]" not in proc.stdout + proc.stderr, shown(proc)
+    report = json.loads((out / "report.json").read_text())
+    assert report["straggler"] == "gpu-node-03" and report["span"]["since"].startswith("2026-01-01T00:05:00")
+    proc = playbook("explain.yml", "-e", f"straggler_cluster_db={db}", "-e", f"straggler_out={out}",
+                    "-e", "straggler_since=400", "-e", "straggler_until=300", cwd=REPO / "playbooks")
+    assert proc.returncode == 2 and "explain failed: --since '400' is not before --until '300'" in proc.stdout, shown(proc)

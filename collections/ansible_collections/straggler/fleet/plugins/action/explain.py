@@ -27,8 +27,8 @@ def explain_options(args):
     """The core's explain options from the task's (unset ones keep the core's defaults)."""
     options = {}
     for name, keyword in (('baseline_fraction', 'baseline_fraction'), ('min_gap', 'min_gap'), ('last', 'recent_s'),
-                          ('timeout', 'timeout_s')):
-        if args.get(name) is not None:
+                          ('timeout', 'timeout_s'), ('since', 'since'), ('until', 'until')):
+        if args.get(name) not in (None, ''):
             options[keyword] = args[name]
     return options
 
@@ -42,6 +42,8 @@ class ActionModule(ControllerAction):
         baseline_fraction=dict(type='float'),
         last=dict(type='float'),
         min_gap=dict(type='float'),
+        since=dict(type='raw'),
+        until=dict(type='raw'),
         fail_on_straggler=dict(type='bool', default=False),
         junit=dict(type='path'),
         markdown=dict(type='path'),

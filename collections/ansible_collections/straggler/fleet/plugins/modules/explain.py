@@ -60,6 +60,17 @@ options:
       - The recent part is each rank's last this many seconds, and what came before it its baseline
         (C(straggler explain --last)), instead of O(baseline_fraction).
     type: float
+  since:
+    description:
+      - Judge only the trace from this time on the fleet's timeline (the report's, UTC), as an ISO-8601 time (UTC when
+        it names no zone) or in seconds from the trace's start (for example V(3600)); each node is cut at that time
+        through its own clock (as C(straggler explain --since)).
+    type: raw
+  until:
+    description:
+      - Judge only the trace before this time, in the forms of O(since) (as C(straggler explain --until)).
+      - A span that is not after O(since) or holds no rank's calls fails the task in one line.
+    type: raw
   min_gap:
     description:
       - The straggler waits for its peers at least this share of its time less than the other ranks' median
@@ -110,6 +121,12 @@ EXAMPLES = r"""
     markdown: results/straggler.md
   register: straggler_report
 
+- name: Explain what happened between 02:00 and 03:00 UTC of a day-long trace
+  straggler.fleet.explain:
+    db: results/cluster.db
+    since: "2026-01-01T02:00:00"
+    until: "2026-01-01T03:00:00"
+
 - name: Explain live on the agents of the gpu group
   straggler.fleet.explain:
     hosts: "{{ groups['gpu'] }}"
@@ -145,7 +162,8 @@ missing:
   sample: [{node: gpu-node-05, status: unreachable, message: 'connection refused'}]
   elements: dict
 report:
-  description: The whole report (straggler, findings, per-node summary rows, missing nodes, source, options, seconds).
+  description: The whole report (straggler, findings, per-node summary rows, missing nodes, source, options, seconds;
+    span, the span judged, with O(since) or O(until)).
   returned: success
   type: dict
   sample: {straggler: gpu-node-03, stragglers: [gpu-node-03], findings: [], nodes: [], missing: []}

@@ -37,7 +37,7 @@ TEXT_OPTIONS = ('sql',)
 COLLECTION_VARIABLES = (
     'straggler_target', 'straggler_sql', 'straggler_transport', 'straggler_limit', 'straggler_results_dir',
     'straggler_out', 'straggler_cluster_db', 'straggler_diagnose_watch', 'straggler_pki_dir',
-    'straggler_pki_client_name',
+    'straggler_pki_client_name', 'straggler_since', 'straggler_until',
 )
 ROLE_PREFIXES = ('straggler_agent_', 'straggler_pki_')
 # Variables Ansible itself, AWX/AAP and ansible-runner put among the extra vars, or that mean

@@ -91,3 +91,19 @@ def test_a_missing_database_and_conflicting_sources_are_refused(action_factory, 
 def test_only_given_tuning_options_reach_the_core():
     assert explain_options(dict(min_gap=0.1, last=None, baseline_fraction=None, timeout=12.0)) == dict(min_gap=0.1, timeout_s=12.0)
     assert explain_options(dict(last=30.0)) == dict(recent_s=30.0)
+
+
+def test_since_and_until_reach_the_core_and_a_bad_span_fails_in_one_line(action_factory, tmp_path):
+    from straggler_lab import series
+    cluster = str(tmp_path / 'two-faults.db')
+    series.write_cluster(cluster, series.SeriesSpec(nodes=4, seconds=600, faults=[
+        series.Fault(node=1, start_s=150, end_s=200, kind='cpu', slow=2.0),
+        series.Fault(node=2, start_s=400, end_s=450, kind='host', slow=2.0)]))
+    assert explain_options(dict(since='300', until='', last=None)) == dict(since='300')
+    result = run(action_factory, dict(db=cluster, since='2026-01-01T00:05:00'))
+    assert result['straggler'] == 'gpu-node-03' and result['report']['span']['since'].startswith('2026-01-01T00:05:00')
+    result = run(action_factory, dict(db=cluster, until=300))
+    assert result['straggler'] == 'gpu-node-02', result['msg']
+    with pytest.raises(AnsibleActionFail, match=r"^explain failed: --since '400' is not before --until '300'") as failed:
+        run(action_factory, dict(db=cluster, since='400', until='300'))
+    assert '\n' not in str(failed.value)
