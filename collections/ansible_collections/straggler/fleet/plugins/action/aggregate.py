@@ -69,7 +69,7 @@ class ActionModule(ControllerAction):
             output_format = guess_format(args['dest'], args['format'])
             text = render_aggregate(table, output_format, import_core('render'))
             result['changed'] = write_if_changed(args['dest'], text, check_mode=self._task.check_mode,
-                                             diff=self._diff_list(result))
+                                                 diff=self._diff_list(result))
             result['dest'] = args['dest']
             result['format'] = output_format
         asked = len(hosts) - len(table['pending'])

@@ -89,7 +89,7 @@ class ActionModule(ControllerAction):
                              ('junit', lambda: render_report.to_junit(report))):
             if args[name]:
                 if write_if_changed(args[name], render(), check_mode=self._task.check_mode,
-                                diff=self._diff_list(result)):
+                                    diff=self._diff_list(result)):
                     outputs.append(args[name])
         result.update(
             changed=bool(outputs),

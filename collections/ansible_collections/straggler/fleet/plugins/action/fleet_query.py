@@ -74,7 +74,7 @@ class ActionModule(ControllerAction):
             document = dict(sql=args['sql'], columns=result['columns'], rows=result['rows'], nodes=result['nodes'],
                             offsets=result['offsets'], failed_nodes=result['failed_nodes'])
             result['changed'] = write_if_changed(args['dest'], render.to_json(document), check_mode=self._task.check_mode,
-                                             diff=self._diff_list(result))
+                                                 diff=self._diff_list(result))
             result['dest'] = args['dest']
 
         answered = len(result['nodes']) - len(result['failed_nodes'])
