@@ -25,6 +25,43 @@ def runs(gaps, **opts):
     return [(r.start, r.end) for r in ep.straggling_runs(gaps, ep.EpisodeOptions(**opts))]
 
 
+# ---------------------------------------------------------------- the job's wait definition (pure)
+
+def _series_of(per_rank, n=40):
+    """A Series of ranks whose every bin is the given thread_time sums (ns of a 1 s bin)."""
+    from straggler.analysis.explain import timeline
+    from straggler.store.steptime import rank_time
+    ranks = {}
+    for i, raw in enumerate(per_rank):
+        key = (f"gpu-node-{i + 1:02d}", 100 + i)
+        row = dict(tid=100 + i, calls=100, **raw)
+        ranks[key] = [rank_time(key, [row], S, rank=i, calling_tid=100 + i) for _ in range(n)]
+    return timeline.Series(t0_ns=0, bin_ns=S, n_bins=n, clocks={}, ranks=ranks,
+                           rank_of={k: i for i, k in enumerate(ranks)}, calling={k: k[1] for k in ranks},
+                           interval_ns={k: S for k in ranks})
+
+
+def test_a_blocking_job_on_busy_cores_is_judged_by_its_collectives_not_by_synchronize():
+    """Gloo-like collectives on busy cores: each rank waits in its collective half the time but is runnable
+    for most of it (run queue inside the call, which the model counts as run queue), and synchronizes
+    with its own device 20 % of the time. The job waits in collectives: one rank with less synchronize
+    (more host work, its device done sooner) is no straggler, as judging by synchronize would make it."""
+    from straggler.analysis.explain import timeline
+    busy = dict(coll_ns=450_000_000, runq_coll_ns=400_000_000, runq_ns=450_000_000, sync_ns=200_000_000)
+    lighter = dict(busy, sync_ns=20_000_000)
+    s = _series_of([lighter, busy, busy, busy])
+    assert timeline.job_wait_def(s) == "blocking"
+    best, per_def = timeline.gaps(s)
+    assert max(g for g in best[("gpu-node-01", 100)] if g is not None) < 0.05      # no gap under the job's definition
+    assert min(g for g in per_def["enqueue"][("gpu-node-01", 100)] if g is not None) > 0.15   # the other would see one
+
+
+def test_a_job_whose_collectives_only_enqueue_is_judged_by_synchronize():
+    from straggler.analysis.explain import timeline
+    nccl = dict(coll_ns=5_000_000, sync_ns=600_000_000)
+    assert timeline.job_wait_def(_series_of([nccl] * 4)) == "enqueue"
+
+
 # ---------------------------------------------------------------- the segmentation (pure)
 
 def test_a_step_is_one_episode_from_where_it_starts_to_where_it_ends():

@@ -184,7 +184,7 @@ def _episodes(runner, opts, report, callers, span_rows, cut=None):
         windows = timeline.episode_windows(series, e, found)
         if not windows:
             continue
-        analysis = analyse(runner, opts, windows, span_rows)
+        analysis = analyse(runner, opts, windows, span_rows, wait_def=series.wait_def)
         # the episode's node, and a node whose own episode overlaps it, may be named in it: another rank
         # that merely waits a little less all along (a job's root rank, say) is no straggler of this time
         overlapping = {o.node for o in found if o.start < e.end and o.end > e.start}
@@ -300,10 +300,12 @@ def _device_evidence(runner, opts, series, found, judged, span_rows):
     return out
 
 
-def analyse(runner, opts, windows, span_rows):
+def analyse(runner, opts, windows, span_rows, wait_def=None):
     """One window per rank -> the model's inputs (each rank's time over its baseline and recent part, the
-    slices of the recent part) and its verdict, as a Context for the findings."""
+    slices of the recent part) and its verdict, as a Context for the findings. wait_def: the job's wait
+    definition, when its whole trace has told it (timeline.job_wait_def)."""
     mopts = opts.model_options()
+    mopts.wait_def = wait_def
     rank_of = {(r["node"], int(r["pid"])): r["rank"] for r in span_rows}
     interval_of = {(r["node"], int(r["pid"])): int(r["interval_ns"] or 1) for r in span_rows}
     threads_sql = sql.threads(windows)

@@ -32,6 +32,8 @@ class ModelOptions:
     min_cause_share: float = 0.1 # a cause finding needs at least this share of the straggler's excess
     enqueue_margin: float = 0.02 # counting sync as waiting must separate the ranks by this much more
     max_step_rate_ratio: float = 1.25   # a rank calling much more often than the others is not in lockstep
+    wait_def: str = None         # the job's wait definition when it is known (from its whole trace: where its
+                                 # ranks wait); None: chosen here, by the one that separates the ranks more
 
 
 def median(values):
@@ -51,7 +53,10 @@ def separation(ranks, wait_def, exclude=()):
 
 def choose_wait(ranks, opts):
     """'blocking' (peers are waited for in collectives / blocked) or 'enqueue' (also in sync):
-    the one under which the least-waiting rank stands out more (enqueue only by a margin)."""
+    the job's own when it is known (opts.wait_def), else the one under which the least-waiting rank stands
+    out more (enqueue only by a margin)."""
+    if opts.wait_def is not None:
+        return opts.wait_def
     blocking = separation(ranks, "blocking")
     enqueue = separation(ranks, "enqueue")
     if blocking is None or enqueue is None:

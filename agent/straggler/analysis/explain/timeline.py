@@ -44,6 +44,7 @@ class Series:
     sql: str = ""
     usable_bins: dict = field(default_factory=dict)   # (node, pid) -> its usable bins (usable(), computed once)
     until_ns: int = None           # --until on the fleet timeline: what the GPUs said after it is not read
+    wait_def: str = None           # where the job's ranks wait for each other (job_wait_def, computed once)
 
     def to_fleet(self, node, mono_ns):
         return int(mono_ns) + self.clocks[node].offset_ns
@@ -199,10 +200,33 @@ def usable(series, key):
     return found
 
 
+def job_wait_def(series):
+    """Where this job's ranks wait for each other, from its whole trace: 'enqueue' when its typical rank
+    spends more of its time in synchronize than in collectives and blocked (collectives that only enqueue,
+    NCCL on GPUs: the wait shows in the next synchronize), else 'blocking' (gloo, blocking collectives:
+    synchronize is then each rank's wait for its own device, and a rank with more host work waits less
+    there — no sign that the others wait for it). One definition for the whole job: a per-bin choice of
+    the one that separates a rank more would find gaps in noise."""
+    if series.wait_def is not None:
+        return series.wait_def
+    # the time inside the calls as the agent measured it (run-queue wait inside them included: on busy
+    # cores a rank that waits in a collective is often runnable, and the model counts that as run queue)
+    sync, other = [], []
+    for key, rts in series.ranks.items():
+        ok = usable(series, key)
+        shares = [(rt.raw.get("sync_ns", 0) / rt.wall_ns, (rt.raw.get("coll_ns", 0) + rt.raw.get("blocked_ns", 0)) / rt.wall_ns)
+                  for b, rt in enumerate(rts) if b in ok]
+        if shares:
+            sync.append(statistics.median(s for s, _ in shares))
+            other.append(statistics.median(o for _, o in shares))
+    series.wait_def = "enqueue" if sync and statistics.median(sync) > statistics.median(other) else "blocking"
+    return series.wait_def
+
+
 def gaps(series):
-    """Per rank, per bin: how much less than the others' median it waits, over its usable bins ->
-    ({rank: [the larger of the two wait definitions' gaps]}, {wait_def: {rank: [gap]}}): the larger is the
-    definition that separates it (blocking: collectives and blocked; enqueue: synchronize too)."""
+    """Per rank, per bin: how much less than the others' median it waits, over its usable bins, under the
+    job's wait definition (job_wait_def) -> ({rank: [gap]}, {wait_def: {rank: [gap]}}: both definitions',
+    for the record)."""
     usable_of = {key: usable(series, key) for key in series.ranks}
     per_def = {}
     for wait_def in WAIT_DEFS:
@@ -213,12 +237,7 @@ def gaps(series):
             waits[key] = [sum(rt.ns.get(c, 0) for c in parts) / rt.wall_ns if b in ok else None
                           for b, rt in enumerate(rts)]
         per_def[wait_def] = ep.gap_series(waits)
-    out = {}
-    for key in series.ranks:
-        columns = [per_def[d][key] for d in WAIT_DEFS]
-        out[key] = [None if all(c[b] is None for c in columns) else max(c[b] for c in columns if c[b] is not None)
-                    for b in range(series.n_bins)]
-    return out, per_def
+    return per_def[job_wait_def(series)], per_def
 
 
 def find_episodes(series, eopts):
@@ -260,10 +279,7 @@ def _episode(node, group, series, per_def):
     e.reaches_end = e.end > last           # it runs to its ranks' newest bin that counts (their last is left out)
     e.lead = max(runs, key=lambda k: runs[k].mean_gap * runs[k].bins)
 
-    def mean_gap(wait_def):
-        values = [g for g in per_def[wait_def][e.lead][lead.start:lead.end] if g is not None]
-        return statistics.mean(values) if values else 0.0
-    e.wait_def = max(WAIT_DEFS, key=mean_gap)
+    e.wait_def = job_wait_def(series)
     e.start_ns, e.end_ns = series.bin_start(e.start), series.bin_start(e.end)
     return e
 
@@ -467,5 +483,5 @@ def episode_dict(series, j):
 def timeline_dict(series):
     end = series.bin_start(series.n_bins)
     return dict(start_ns=series.t0_ns, end_ns=end, start=_iso(series.t0_ns), end=_iso(end),
-                bin_s=series.bin_ns / 1e9, ranks=len(series.ranks),
+                bin_s=series.bin_ns / 1e9, ranks=len(series.ranks), wait=job_wait_def(series),
                 unaligned=[n for n, c in sorted(series.clocks.items()) if not c.aligned], sql=series.sql.strip())
