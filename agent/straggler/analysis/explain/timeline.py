@@ -19,6 +19,7 @@ HELPERS_PER_RANK = 4           # the series rows per rank and bin it budgets for
 NEIGHBOURHOOD_S = 600.0        # a rank's clean time judged against an episode lies within this of it
 MERGE_BINS = 2                 # runs of one node's ranks this close are one episode
 MIN_CLEAN_BINS = 3             # clean time around an episode its slowdown is measured against
+WAIT_DEF_BINS = 300             # bins per rank that say where the job waits (job_wait_def)
 BIN_CYCLE = 4                  # an intermittent fault's on-bins are judged apart when its period is this many bins
 
 
@@ -211,14 +212,16 @@ def job_wait_def(series):
         return series.wait_def
     # the time inside the calls as the agent measured it (run-queue wait inside them included: on busy
     # cores a rank that waits in a collective is often runnable, and the model counts that as run queue)
+    # (each rank's time over at most WAIT_DEF_BINS of its bins, spread over its trace: a day of 1 s bins
+    # says no more about where a job waits than a few hundred of them)
     sync, other = [], []
     for key, rts in series.ranks.items():
-        ok = usable(series, key)
-        shares = [(rt.raw.get("sync_ns", 0) / rt.wall_ns, (rt.raw.get("coll_ns", 0) + rt.raw.get("blocked_ns", 0)) / rt.wall_ns)
-                  for b, rt in enumerate(rts) if b in ok]
-        if shares:
-            sync.append(statistics.median(s for s, _ in shares))
-            other.append(statistics.median(o for _, o in shares))
+        ok = sorted(usable(series, key))
+        picked = [rts[b] for b in ok[::max(1, len(ok) // WAIT_DEF_BINS)]]
+        wall = sum(rt.wall_ns for rt in picked)
+        if wall:
+            sync.append(sum(rt.raw.get("sync_ns", 0) for rt in picked) / wall)
+            other.append(sum(rt.raw.get("coll_ns", 0) + rt.raw.get("blocked_ns", 0) for rt in picked) / wall)
     series.wait_def = "enqueue" if sync and statistics.median(sync) > statistics.median(other) else "blocking"
     return series.wait_def
 
