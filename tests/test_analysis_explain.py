@@ -383,13 +383,16 @@ def test_no_communicator_is_named_when_the_peers_do_not_wait_inside_collectives(
 
 
 def test_a_thief_is_called_a_writer_only_for_its_io_in_the_recent_window():
-    """A CPU thief that wrote only in the baseline (or a pid reused by a writer before) is not told to
-    'make the checkpoint asynchronous': its label and its recommendation agree on what it does now."""
+    """A CPU thief that wrote only in the baseline (or a pid reused by a writer before), or a few KiB at its
+    start-up, is not told to 'make the checkpoint asynchronous': its label and its recommendation agree
+    on what it does now."""
     from straggler.analysis.explain import findings
     thief = ("process", 4242, {"cpuhog"})
     before = [{"pid": 4242, "part": "baseline", "bytes": 1 << 30}]
     now = before + [{"pid": 4242, "part": "recent", "bytes": 1 << 20}]
-    assert "a writer" not in findings._thief_label(*thief, before)
-    assert "it writes" not in findings._recommend_cpu(thief, before)
+    startup = [{"pid": 4242, "part": "recent", "bytes": 4096}]          # a program's start-up, not a writer
+    for rows in (before, startup):
+        assert "a writer" not in findings._thief_label(*thief, rows)
+        assert "it writes" not in findings._recommend_cpu(thief, rows)
     assert "a writer: 1.0 MiB" in findings._thief_label(*thief, now)
     assert "it writes" in findings._recommend_cpu(thief, now)

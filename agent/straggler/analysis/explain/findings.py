@@ -381,10 +381,15 @@ def _cause_findings(report, ctx, rt, others, base):
             recommendation="profile its blocking: offcputime-style stacks (py-spy dump --pid PID) while it straggles")
 
 
+WRITER_MIN_BYTES = 1 << 20     # a thief is 'a writer' from this much block I/O in the recent window
+
+
 def _bytes_written(pid, io_rows):
-    """Block I/O bytes a thief issued in the recent window: what makes it 'a writer' in its label and
-    in the recommendation alike (a pid's I/O in the baseline only says nothing about it now)."""
-    return sum(r["bytes"] or 0 for r in (io_rows or []) if r["pid"] == pid and r["part"] == "recent")
+    """Block I/O bytes a thief issued in the recent window, when they make it 'a writer' (its label and
+    the recommendation alike), else 0: a pid's I/O in the baseline only says nothing about it now, and a
+    few KiB (a program's start-up, a log line) make no checkpoint writer."""
+    wrote = sum(r["bytes"] or 0 for r in (io_rows or []) if r["pid"] == pid and r["part"] == "recent")
+    return wrote if wrote >= WRITER_MIN_BYTES else 0
 
 
 def _thief_label(kind, pid, comms, io_rows):
