@@ -207,3 +207,12 @@ def test_explain_judges_the_span_given_as_straggler_since_and_until(tmp_path):
     proc = playbook("explain.yml", "-e", f"straggler_cluster_db={db}", "-e", f"straggler_out={out}",
                     "-e", "straggler_since=400", "-e", "straggler_until=300", cwd=REPO / "playbooks")
     assert proc.returncode == 2 and "explain failed: --since '400' is not before --until '300'" in proc.stdout, shown(proc)
+
+
+def test_check_mode_writes_no_results_on_the_controller(hosts):
+    """fleet_query.yml and collect.yml with --check: every step reports, no results directory appears."""
+    out = hosts / "check-mode"
+    for name, option in (("fleet_query.yml", f"straggler_results_dir={out / 'results'}"), ("collect.yml", f"out={out / 'collect'}")):
+        proc = playbook("-i", hosts / "inventory.ini", name, "--check", "-e", option, cwd=REPO / "playbooks")
+        assert proc.returncode == 0, shown(proc)
+        assert not out.exists(), (name, sorted(str(p) for p in out.rglob("*")))

@@ -187,7 +187,7 @@ def test_the_jobs_inventory_groups_the_hosts_running_a_job_and_limit_targets_the
                 popen.wait(timeout=30)
 
 
-def test_stopped_then_absent_cleans_up(deployed, testbed, user):
+def test_absent_removes_the_agents(deployed, testbed, user):
     proc = ansible(testbed, user, "ansible-playbook", "straggler.fleet.trace", "-e", "target=live",
                    *controller_vars(user, straggler_agent_state="absent", straggler_agent_remove_data=True))
     assert proc.returncode == 0, shown(proc)
