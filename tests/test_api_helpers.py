@@ -1,14 +1,18 @@
 """Helpers shared by test_api*, test_fleet* and test_query* (no tests here): a test CA with
-server and client certificates, node databases with different data, and peers that misbehave
-on purpose (accepts and never answers; drops every TCP connect).
+server and client certificates, node databases with different data, peers that misbehave on
+purpose (accepts and never answers; drops every TCP connect), and waits on what a server does
+(a condition polled under a hang guard; one client's query share held full by slow queries).
 
+No helper judges a speed: a guard here only stops a wait that would otherwise never end.
 Everything binds to loopback addresses (127.0.0.x) on ephemeral ports."""
 import hashlib
+import http.client
 import os
 import socket
 import sqlite3
 import sys
 import threading
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -170,3 +174,58 @@ def venv_env():
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO / "agent") + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+def wait_until(condition, guard_s, interval_s=0.05):
+    """Poll condition() until it is true or guard_s passes; its last value. guard_s is a hang guard
+    (far beyond what the awaited thing takes), never the thing tested."""
+    end = time.monotonic() + guard_s
+    value = condition()
+    while not value and time.monotonic() < end:
+        time.sleep(interval_s)
+        value = condition()
+    return value
+
+
+def is_over_share(code, answer):
+    """The 429 a client gets when its share of a pool is taken (api/limits.ClientShares)."""
+    return code == 429 and isinstance(answer, dict) and answer.get("kind") == "too-many-requests"
+
+
+class HeldQueries:
+    """Slow queries of one client, one per connection, each in a thread, all at once: with as many
+    as the client's query share, its next query is told 429 until they end (their own timeout_s).
+    That 429 is how a test sees, without a clock, that they are running: ask `share_full(probe)`
+    before and after what must happen while they run. A slow query told 429 (a probe held the
+    share for a moment) is sent again. `ask(conn) -> (status, answer)` sends the slow query;
+    .outcomes[i] is its last (status, answer) once .join() returned."""
+
+    def __init__(self, ask, connections):
+        self.ask = ask
+        self.outcomes = {}
+        self.threads = [threading.Thread(target=self._run, args=(i, conn), daemon=True)
+                        for i, conn in enumerate(connections)]
+        for thread in self.threads:
+            thread.start()
+
+    def _run(self, index, conn):
+        for _ in range(200):   # bounded: a probe holds the share for one short query at a time
+            outcome = self.ask(conn)
+            if not is_over_share(*outcome):
+                break
+            time.sleep(0.05)
+        self.outcomes[index] = outcome
+
+    @staticmethod
+    def share_full(probe):
+        """probe() -> (status, answer) of a short query of the same client: True when it was told 429
+        (False when it could not ask: its connection closed, say at the request deadline)."""
+        try:
+            return is_over_share(*probe())
+        except (OSError, http.client.HTTPException):
+            return False
+
+    def join(self, guard_s=60):
+        for thread in self.threads:
+            thread.join(timeout=guard_s)
+        return not any(thread.is_alive() for thread in self.threads)

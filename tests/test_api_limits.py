@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from test_api_helpers import REPO, Pki, make_node_db, venv_env
+from test_api_helpers import REPO, HeldQueries, Pki, make_node_db, venv_env, wait_until
 
 from straggler import pki
 from straggler.store import sqlite_lib
@@ -45,6 +45,8 @@ MB = 1 << 20
 # 20 rows of 8 MB each, made by SQLite as they are fetched: nothing on disk
 HUGE_ROWS_SQL = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 20) "
                  "SELECT x, randomblob(8000000) FROM c")
+SLOW_QUERY_S = 6.0        # the hog's slow queries' own deadline: the window the controller is answered in (a hang guard)
+HUGE_ROW_PART = 16 * MB   # one of those rows as an answer's part: 16 MB of hex
 SLOW_SQL = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
 BIG_SORT_SQL = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 3000000) "
                 "SELECT x, randomblob(64) AS b FROM c ORDER BY b")
@@ -193,14 +195,24 @@ def test_readers_that_stall_hold_at_most_the_servers_answer_memory(certs, node_d
             sock.sendall(b"POST /api/v1/query HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                          b"Content-Length: %d\r\n\r\n" % len(body) + body)
             socks.append(sock)
-        time.sleep(3)   # every answer made as far as its reader lets it
-        conn = _connect(agent.port, certs.client())
-        code, health = _get(conn, "/api/v1/health")
-        conn.close()
+        last = {}
+
+        def cap_reached():   # the answers' parts held reach the cap: a further part would not fit
+            conn = _connect(agent.port, certs.client())
+            try:
+                last["health"] = _get(conn, "/api/v1/health")
+            finally:
+                conn.close()
+            code, health = last["health"]
+            return code == 200 and health["api"]["answer_memory"]["used"] + HUGE_ROW_PART > cap
+
+        reached = wait_until(cap_reached, 60, interval_s=0.1)   # a hang guard: the parts come in about a second
+        code, health = last["health"]
         grown = agent.status("VmHWM") - baseline
         for sock in socks:
             sock.close()
     assert code == 200
+    assert reached, f"the stalled readers' answers never held the cap's worth: {health['api']['answer_memory']}"
     memory = health["api"]["answer_memory"]
     assert memory["capacity"] == cap and memory["peak"] <= cap + 17 * MB, memory   # a row's last bytes may pass it
     assert grown < cap + 150 * MB, f"peak RSS grew by {grown / MB:.0f} MB with {cap / MB:.0f} MB of answers allowed"
@@ -218,24 +230,27 @@ def test_a_revoked_certificates_open_connection_is_closed_and_the_others_stay_se
         owner = _connect(agent.port, certs.client())
         assert _query(thief, "SELECT 1")[0] == 200 and _query(owner, "SELECT 1")[0] == 200
         pki.revoke(str(certs.dir), names=["leaked"])
-        closed = False
-        for _ in range(30):   # the agent looks at its TLS files once a second; an idle connection
-            time.sleep(0.1)   # would be closed anyway after 10 s (the request deadline): look for 4.5 s
+
+        def thief_closed():
             try:
                 thief.sock.settimeout(0.05)
-                closed = thief.sock.recv(1) == b""
+                return thief.sock.recv(1) == b""
             except (socket.timeout, TimeoutError):
-                continue
+                return False
             except (ssl.SSLError, ConnectionError):
-                closed = True
-            if closed:
-                break
+                return True
+
+        # the agent looks at its TLS files once a second; an idle connection would be closed anyway
+        # at the request deadline (10 s): the agent's log line below says which closed it, so the
+        # wait is only a hang guard
+        closed = wait_until(thief_closed, 30, interval_s=0.1)
         assert closed, "the revoked certificate's keep-alive connection stayed open"
         assert _query(owner, "SELECT count(*) FROM events")[2]["rows"] == [[6]]   # the same open connection
         with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
             _query(_connect(agent.port, leaked), "SELECT 1")
         thief.close()
         owner.close()
+    # the revocation closed it, not the request deadline: the thief's is the one open connection of a revoked certificate
     assert any("revoked" in line and "closing the connection" in line for line in agent.lines), agent.lines
 
 
@@ -326,30 +341,36 @@ def test_one_client_holding_its_share_gets_429s_and_the_controller_is_still_answ
         assert len(held) == 4, [c for _, c, _ in held + refused]
         assert all(code == 429 and answer["kind"] == "too-many-connections" and _one_line(answer)
                    for _, code, answer in refused)
-        outcome = {}
+        last = {}
 
-        def slow(index, conn):
-            outcome[index] = _query(conn, SLOW_SQL, timeout_s=4)
+        def probe():   # the hog's third connection: a short query, told 429 while its share is full
+            code, _, answer = _query(held[2][0], "SELECT 1")
+            last["third"] = (code, answer)
+            return code, answer
 
-        threads = [threading.Thread(target=slow, args=(i, held[i][0])) for i in range(2)]
-        for thread in threads:
-            thread.start()
-        time.sleep(0.5)   # both slow queries running
-        code, _, third = _query(held[2][0], "SELECT 1")
+        def slow(conn):
+            code, _, answer = _query(conn, SLOW_SQL, timeout_s=SLOW_QUERY_S)
+            return code, answer
+
+        hog_queries = HeldQueries(slow, [held[0][0], held[1][0]])
+        full = wait_until(lambda: hog_queries.share_full(probe), SLOW_QUERY_S)
+        third = last.get("third", (None, {}))
         controller = _connect(agent.port, certs.client())
         answered = _query(controller, "SELECT count(*) FROM events")
         health = _get(controller, "/api/v1/health")
-        hog_still_running = all(thread.is_alive() for thread in threads)
-        for thread in threads:
-            thread.join(timeout=30)
+        hog_still_running = hog_queries.share_full(probe)
+        ended = hog_queries.join()
         for conn, _, _ in held + refused:
             conn.close()
         controller.close()
-    assert code == 429 and third["kind"] == "too-many-requests" and _one_line(third), third
+    code, third = third
+    assert full and code == 429 and third["kind"] == "too-many-requests" and _one_line(third), third
     assert answered[0] == 200 and answered[2]["rows"] == [[6]]
     assert health[0] == 200
     assert hog_still_running, "the controller was answered only after the hog's queries ended"
-    assert [outcome[i][0] for i in range(2)] == [400, 400] and outcome[0][2]["kind"] == "timeout"
+    assert ended, "the hog's slow queries did not end at their own deadline"
+    outcomes = [hog_queries.outcomes[i] for i in range(2)]
+    assert [code for code, _ in outcomes] == [400, 400] and outcomes[0][1]["kind"] == "timeout", outcomes
 
 
 def test_a_connection_past_its_lifetime_is_closed_by_the_next_answer(certs, node_db):

@@ -11,14 +11,14 @@ import socket
 import sqlite3
 import ssl
 import stat
-import threading
 import time
 
 import pytest
 
-from test_api_helpers import Pki, db_fingerprint, make_node_db
+from test_api_helpers import HeldQueries, Pki, db_fingerprint, make_node_db, wait_until
 
 from straggler import pki
+from straggler.api.limits import MAX_QUERIES_PER_CLIENT
 from straggler.api.server import start_background
 from straggler.errors import StragglerError
 from straggler.fleet.client import fleet_query
@@ -27,6 +27,7 @@ from straggler.store.schema import SCHEMA_VERSION
 from straggler.tls import TLSError, TLSOptions, client_context, server_context
 
 ADDRESS = "127.0.0.1"
+SLOW_QUERY_S = 6.0   # a slow query's own deadline: the window in which /health must be answered (a hang guard)
 
 
 @pytest.fixture(scope="module")
@@ -193,27 +194,33 @@ def test_rejected_sql_gets_400_with_the_reason_and_the_database_is_unchanged(cer
 
 
 def test_slow_query_does_not_block_health(certs, agent):
-    outcome = {}
+    """Slow queries fill the client's query share (its next query is told 429 while they run, which
+    is how the test knows they run, without a clock): /health is answered, and the 429 again after
+    it shows they were still running then. They end at their own deadline."""
+    slow_sql = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+    slow_conns = [_https(certs, agent, timeout=60) for _ in range(MAX_QUERIES_PER_CLIENT)]
+    probe_conn = _https(certs, agent, timeout=60)
 
-    def slow():
-        conn = _https(certs, agent, timeout=30)
-        outcome["slow"] = _post_json(conn, "/api/v1/query", {
-            "sql": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c",
-            "timeout_s": 2.5})
+    def probe():
+        return _post_json(probe_conn, "/api/v1/query", {"sql": "SELECT 1"})
+
+    slow = HeldQueries(lambda conn: _post_json(conn, "/api/v1/query", {"sql": slow_sql, "timeout_s": SLOW_QUERY_S}),
+                       slow_conns)
+    try:
+        running = wait_until(lambda: slow.share_full(probe), SLOW_QUERY_S)
+        conn = _https(certs, agent)
+        code, health = _get_json(conn, "/api/v1/health")
         conn.close()
-
-    thread = threading.Thread(target=slow)
-    thread.start()
-    time.sleep(0.5)   # let the slow query start
-    conn = _https(certs, agent)
-    code, health = _get_json(conn, "/api/v1/health")
-    conn.close()
-    slow_still_running = thread.is_alive()
-    thread.join(timeout=30)
+        still_running = slow.share_full(probe)
+        ended = slow.join()
+    finally:
+        for c in slow_conns + [probe_conn]:
+            c.close()
+    assert running, "the slow queries never filled the client's share"
     assert code == 200 and health["node"] == "gpu-node-01"
-    assert slow_still_running, "/health answered while the slow query was still running"
-    code, answer = outcome["slow"]
-    assert code == 400 and answer["kind"] == "timeout"
+    assert still_running, "/health was answered only after the slow queries ended"
+    assert ended and [slow.outcomes[i][0] for i in range(len(slow_conns))] == [400] * len(slow_conns), slow.outcomes
+    assert {answer["kind"] for _, answer in slow.outcomes.values()} == {"timeout"}, slow.outcomes
 
 
 def test_health_reports_the_agent_from_its_tables(certs, agent):

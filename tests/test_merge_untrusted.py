@@ -1,7 +1,8 @@
 """merge treats node databases as untrusted: a crafted input (a view or virtual table where merge
-reads, a trigger, a generated column, malformed meta values or clock values) is refused in
-well under a second with one line naming the file, no traceback, no output, and the input left
-byte-identical; a deadline stops a merge that runs too long; an input holding another node than
+reads, a trigger, a generated column, malformed meta values or clock values) is refused before
+any of its SQL runs, with one line naming the file and what is wrong in it (not the deadline's
+line: an endless view that ran would end only at merge's deadline, 30 min by default, far past
+the tests' hang guard), no traceback, no output, and the input left byte-identical; a deadline stops a merge that runs too long; an input holding another node than
 the host it came from is refused; outputs and fetched copies are mode 0600."""
 import hashlib
 import os
@@ -12,7 +13,6 @@ import stat
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +24,7 @@ from straggler.text import sql_quote
 
 REPO = Path(__file__).resolve().parent.parent
 ENDLESS = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c)"   # ... FROM c WHERE x < 0: no row, ever
-REFUSAL_S = 5.0          # a refusal takes well under a second; more means merge ran the input's SQL
+HANG_GUARD_S = 60.0      # a merge subprocess that runs longer is hung (it ran the input's SQL): never a measure
 
 
 @pytest.fixture(scope="module")
@@ -55,24 +55,24 @@ def _craft(src, dest, statements):
     return str(dest)
 
 
-def _run_cli(args, timeout=REFUSAL_S):
+def _run_cli(args, timeout=HANG_GUARD_S):
     """`python -m straggler.cli merge ARGS` in a subprocess: a hang fails the test instead of hanging it."""
-    started = time.monotonic()
     try:
         proc = subprocess.run([sys.executable, "-m", "straggler.cli", "merge", *args], capture_output=True, text=True,
                               timeout=timeout, cwd=str(REPO))
     except subprocess.TimeoutExpired:
         pytest.fail(f"straggler merge {' '.join(args)} did not finish within {timeout} s (it ran the input's SQL)")
-    return proc, time.monotonic() - started
+    return proc
 
 
-def _assert_refused(proc, elapsed, path, fragment, out_dir):
+def _assert_refused(proc, path, fragment, out_dir):
+    """Refused by the check that names what is wrong (fragment), not stopped by the deadline."""
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode != 0, proc.stdout
-    assert elapsed < REFUSAL_S
     assert "Traceback" not in proc.stderr, proc.stderr
     assert len(lines) == 1, proc.stderr
     assert str(path) in lines[0] and fragment in lines[0], lines[0]
+    assert "(--deadline)" not in lines[0], lines[0]
     assert os.listdir(out_dir) == [], "a refusal left output behind"
 
 
@@ -170,14 +170,14 @@ CASES = dict(SCHEMA_CASES, **VALUE_CASES)
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_crafted_input_is_refused_fast_in_one_line(node_dbs, tmp_path, case):
+def test_crafted_input_is_refused_before_its_sql_runs_in_one_line(node_dbs, tmp_path, case):
     statements, fragment = CASES[case]
     crafted = _craft(node_dbs[1], tmp_path / "gpu-node-02.db", statements)
     good_before, crafted_before = _sha(node_dbs[0]), _sha(crafted)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    proc, elapsed = _run_cli([node_dbs[0], crafted, "-o", str(out_dir / "cluster.db")])
-    _assert_refused(proc, elapsed, crafted, fragment, out_dir)
+    proc = _run_cli([node_dbs[0], crafted, "-o", str(out_dir / "cluster.db")])
+    _assert_refused(proc, crafted, fragment, out_dir)
     assert (_sha(node_dbs[0]), _sha(crafted)) == (good_before, crafted_before), "merge changed an input"
 
 
@@ -198,7 +198,7 @@ def test_the_deadline_stops_a_merge_that_runs_the_inputs_sql(node_dbs, tmp_path)
             sys.exit(2)
         """)
     try:
-        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=REFUSAL_S, cwd=str(REPO))
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=HANG_GUARD_S, cwd=str(REPO))
     except subprocess.TimeoutExpired:
         pytest.fail("the deadline did not stop a merge running an endless view")
     assert proc.returncode == 2, proc.stderr
@@ -210,7 +210,7 @@ def test_the_deadline_stops_a_merge_that_runs_the_inputs_sql(node_dbs, tmp_path)
 def test_a_tiny_deadline_stops_a_normal_merge_in_one_line(node_dbs, tmp_path):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    proc, elapsed = _run_cli([*node_dbs, "-o", str(out_dir / "cluster.db"), "--deadline", "0.000001"])
+    proc = _run_cli([*node_dbs, "-o", str(out_dir / "cluster.db"), "--deadline", "0.000001"])
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode != 0 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "merge stopped after 1e-06 s (--deadline)" in lines[0]
@@ -253,13 +253,13 @@ def test_an_input_holding_another_node_than_expected_is_refused(node_dbs, tmp_pa
 def test_cli_expect_refuses_in_one_line(node_dbs, tmp_path):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    proc, elapsed = _run_cli([*node_dbs, "-o", str(out_dir / "c.db"), "--expect", f"{node_dbs[0]}=gpu-node-01",
+    proc = _run_cli([*node_dbs, "-o", str(out_dir / "c.db"), "--expect", f"{node_dbs[0]}=gpu-node-01",
                               "--expect", f"{node_dbs[1]}=gpu-node-03"])
-    _assert_refused(proc, elapsed, node_dbs[1], "holds node gpu-node-02, expected gpu-node-03", out_dir)
-    proc, elapsed = _run_cli([node_dbs[0], "-o", str(out_dir / "c.db"), "--expect", f"{node_dbs[1]}=gpu-node-02"])
-    _assert_refused(proc, elapsed, node_dbs[1], "not one of the inputs", out_dir)
-    proc, elapsed = _run_cli([node_dbs[0], "-o", str(out_dir / "c.db"), "--expect", f"{node_dbs[0]}=a\tb"])
-    _assert_refused(proc, elapsed, node_dbs[0], "expected a node name without control characters", out_dir)
+    _assert_refused(proc, node_dbs[1], "holds node gpu-node-02, expected gpu-node-03", out_dir)
+    proc = _run_cli([node_dbs[0], "-o", str(out_dir / "c.db"), "--expect", f"{node_dbs[1]}=gpu-node-02"])
+    _assert_refused(proc, node_dbs[1], "not one of the inputs", out_dir)
+    proc = _run_cli([node_dbs[0], "-o", str(out_dir / "c.db"), "--expect", f"{node_dbs[0]}=a\tb"])
+    _assert_refused(proc, node_dbs[0], "expected a node name without control characters", out_dir)
 
 
 def test_the_merge_action_expects_each_collected_hosts_node():
@@ -314,8 +314,8 @@ def test_a_row_of_another_node_anywhere_in_any_table_is_refused(node_dbs, tmp_pa
     before = _sha(crafted)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    proc, elapsed = _run_cli([node_dbs[0], crafted, "-o", str(out_dir / "cluster.db"), "--expect", f"{crafted}={OWN}"])
-    _assert_refused(proc, elapsed, crafted, f"{table} holds a row of node '{OTHER}', but the input is node {OWN} "
+    proc = _run_cli([node_dbs[0], crafted, "-o", str(out_dir / "cluster.db"), "--expect", f"{crafted}={OWN}"])
+    _assert_refused(proc, crafted, f"{table} holds a row of node '{OTHER}', but the input is node {OWN} "
                                             f"(its meta); refusing a forged or mixed input", out_dir)
     assert _sha(crafted) == before
 
