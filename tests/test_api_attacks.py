@@ -153,10 +153,6 @@ def test_a_valid_client_is_answered_while_idle_sockets_and_half_handshakes_flood
     assert code == 200 and answer["rows"] == [["cuLaunchKernel", 1], ["cuMemAlloc", 2], ["ncclAllReduce", 3]]
 
 
-@pytest.mark.skip(reason="api/server.py defect (reported): an evicted pending connection whose asyncio.wait_for "
-                         "(first byte, handshake) completes in the same loop turn swallows the cancel on Python 3.11 "
-                         "and lives on uncounted until its handshake deadline (17-42 of 264 held in 2 to 6 runs of 10 "
-                         "here); unskip once _connection checks it is still pending after each wait")
 def test_one_address_holds_at_most_its_share_of_unauthenticated_connections(certs, flooded):
     """Of the 264, the server closes all but its per-address share (the oldest go first), so a flood
     from one address costs the agent at most MAX_PENDING_PER_PEER sockets until their deadline."""

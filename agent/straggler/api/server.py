@@ -113,6 +113,7 @@ class _Server:
         self.thread = None
         self.pending = collections.OrderedDict()   # task -> peer, oldest first: not yet authenticated
         self.pending_by_peer = collections.Counter()
+        self.evicted = set()              # pending tasks closed to make room: they end at their next step
         self.open = set()
         self.sessions = {}                # task -> _Session: authenticated connections
         self.pools = {name: concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix=f"straggler-{name}")
@@ -189,7 +190,8 @@ class _Server:
                 log.info("closing the oldest unauthenticated connection from %s (over %d pending)", owner,
                          MAX_PENDING_PER_PEER if peer else MAX_PENDING)
                 self._authenticated(task)
-                task.cancel()
+                self.evicted.add(task)    # a cancel that lands as a wait ends can be lost (asyncio.wait_for
+                task.cancel()             # on Python 3.11): the task checks this set after each step too
                 return True
         return False
 
@@ -202,6 +204,7 @@ class _Server:
 
     def _forget(self, task):
         self._authenticated(task)
+        self.evicted.discard(task)
         self.open.discard(task)
         self.sessions.pop(task, None)
 
@@ -231,7 +234,7 @@ class _Server:
                 pass
             deadline = loop.time() + self.deadlines.handshake_timeout_s
             first = await transport.first_byte(conn, deadline)
-            if first is None:
+            if first is None or task in self.evicted:
                 return
             is_tls = first == b"\x16"   # a TLS handshake record
             if (self.contexts is not None) != is_tls:
@@ -248,6 +251,8 @@ class _Server:
                     # wrong CA, no or revoked client certificate, TLS 1.2, a silent client: one line
                     log.info("TLS handshake with %s failed: %s", peer,
                              one_line(exc) if str(exc) else "no handshake within the time limit")
+                    return
+                if task in self.evicted:
                     return
                 cert = stream.peercert() or {}
                 roles = peer_roles(cert)
