@@ -90,6 +90,16 @@ def test_a_square_wave_is_one_intermittent_episode_with_its_period_and_duty():
     assert ep.is_intermittent(run) and run.period_bins() == 4 and 0.4 <= run.duty <= 0.6
 
 
+def test_a_rank_that_always_waits_a_little_less_dates_a_fault_from_where_it_starts():
+    """A job's root rank (or one pinned to a busy core) waits 8 points less than the others all along, just
+    above the segmentation's per-bin threshold; a fault on it then starts at bin 60. The episode starts at
+    60, not at the first bin of that slight lead: a watch would otherwise say the step time moved a
+    minute before it did."""
+    bias = [0.08 + x for x in noise(60, sigma=0.02, seed=3)]
+    fault = [0.7 + x for x in noise(20, sigma=0.03, seed=4)]
+    assert runs(bias + fault + bias) == [(60, 80)]
+
+
 def test_one_noisy_bin_or_two_make_no_episode():
     g = noise(600)
     g[100] += 0.5

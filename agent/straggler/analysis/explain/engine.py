@@ -13,6 +13,7 @@ from .runners import ConnRunner, DbRunner, FleetRunner
 from .windows import calling_tids, cut_windows, group_threads
 
 DEFAULT_BASELINE_FRACTION = 0.25      # the fixed cut's baseline when explain finds no episode
+SEGMENTED_BINS = 12                  # a series this long has been segmented: the fixed cut names no one
 MAX_EPISODES_JUDGED = 8               # episodes analysed in full (each a few queries); the rest by their series
 
 N_SLICES = 8
@@ -196,9 +197,16 @@ def _episodes(runner, opts, report, callers, span_rows, cut=None):
             break
     device = _device_evidence(runner, opts, series, found, judged, span_rows) if series else None
     if not judged:
-        # no episode in time (none, or a trace too short to segment): the fixed cut over the whole trace,
-        # whose recent part, when it names a straggler, is reported as that straggler's episode
+        # no episode in time: the fixed cut over the whole trace (a device-wide change, waiters). On a trace
+        # too short to segment, a straggler it names is reported as that straggler's episode; on a longer
+        # one the segmentation has looked at every stretch of it, and a rank that merely waits a little
+        # less over the whole cut (a job's root rank, a fault's first second) is no straggler
         analysis = analyse(runner, opts, cut_windows(span_rows, opts, DEFAULT_BASELINE_FRACTION, cut), span_rows)
+        if series is not None and series.n_bins >= SEGMENTED_BINS and analysis.verdict.stragglers:
+            verdict = analysis.verdict
+            verdict.rejected = [(s["rank"], "waits less over the trace as a whole, but in no stretch of it long and "
+                                            "clear enough to be a straggle episode") for s in verdict.stragglers]
+            verdict.stragglers = []
         if not analysis.verdict.stragglers or series is None:
             emit(report, analysis)
             report.nodes = rank_rows(analysis)

@@ -15,6 +15,8 @@ import statistics
 
 # evidence per bin is clipped to this (one extreme bin cannot outweigh a switch on its own)
 MAX_EVIDENCE = 0.5
+# a stretch at an episode's end is compared with the rest from this many bins (a fault's first bins already count)
+MIN_SIDE_BINS = 1
 
 
 @dataclass
@@ -109,6 +111,7 @@ def straggling_runs(gaps, opts=None):
             start += 1
         while end > start and gaps[end - 1] is None:
             end -= 1
+        start, end = trim_weak_ends(gaps, start, end, opts)
         values = [g for g in gaps[start:end] if g is not None]
         if len(values) < opts.min_bins:
             continue
@@ -124,6 +127,48 @@ def straggling_runs(gaps, opts=None):
             continue
         out.append(run)
     return out
+
+
+def _best_split(points):
+    """The index i (1 <= i < len) splitting `points` [(bin, gap)] into two runs with the least squared
+    error about their own means -> (i, left mean, right mean); None for fewer than 2 * MIN_SIDE_BINS."""
+    n = len(points)
+    if n < 2 * MIN_SIDE_BINS:
+        return None
+    total = sum(g for _, g in points)
+    total_sq = sum(g * g for _, g in points)
+    best, left, left_sq = None, 0.0, 0.0
+    for i in range(1, n):
+        g = points[i - 1][1]
+        left, left_sq = left + g, left_sq + g * g
+        if i < MIN_SIDE_BINS or n - i < MIN_SIDE_BINS:
+            continue
+        right, right_sq = total - left, total_sq - left_sq
+        sse = (left_sq - left * left / i) + (right_sq - right * right / (n - i))
+        if best is None or sse < best[0]:
+            best = (sse, i, left / i, right / (n - i))
+    return best[1:] if best else None
+
+
+def trim_weak_ends(gaps, start, end, opts):
+    """An episode begins where the rank's straggling does and ends where it stops: a stretch at either end
+    of [start, end) that is clearly weaker than the rest (its mean gap under min_gap, and under half the
+    rest's) is left out. The segmentation enters the straggling state at the first bin of a long run of
+    barely positive evidence before a strong fault (a rank that always waits a little less: a job's root
+    rank, a pinned core) and would date the fault's start minutes early. -> (start, end)"""
+    for _ in range(4):
+        points = [(b, gaps[b]) for b in range(start, end) if gaps[b] is not None]
+        split = _best_split(points)
+        if split is None:
+            break
+        i, left, right = split
+        if left < opts.min_gap and right >= 2 * max(left, 0.0) and right >= opts.min_gap:
+            start = points[i][0]
+        elif right < opts.min_gap and left >= 2 * max(right, 0.0) and left >= opts.min_gap:
+            end = points[i - 1][0] + 1
+        else:
+            break
+    return start, end
 
 
 def is_intermittent(run, opts=None):
