@@ -22,7 +22,6 @@ import os
 import re
 import signal
 import sqlite3
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,11 +44,15 @@ EMPTY_BODIES = {"STRAGGLER_STANDIN_LAUNCH_US": "0", "STRAGGLER_STANDIN_SYNC_US":
 
 
 class Agent:
-    def __init__(self, db, args):
+    """`straggler trace` as a process of its own, waited for until it says it traces (at most 300 s); its
+    CPU from /proc, its store read-only. The benches that run an agent use this one."""
+
+    def __init__(self, db, args, env=None, name="bench"):
         self.db = db
+        self.name = name
         self.proc = subprocess.Popen([sys.executable, "-m", "straggler.cli", "trace", "--db", db, *args],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True, env={**os.environ, "PYTHONPATH": str(REPO / "agent")})
+                                     text=True, env=env or {**os.environ, "PYTHONPATH": str(REPO / "agent")})
         self.ready = threading.Event()
         self.lines = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -57,7 +60,7 @@ class Agent:
         while not self.ready.wait(0.2):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise SystemExit("bench_agent: the agent did not start:\n" + "\n".join(self.lines[-10:]))
+                raise SystemExit(f"{self.name}: the agent did not start:\n" + "\n".join(self.lines[-10:]))
 
     def _read(self):
         for line in self.proc.stderr:

@@ -19,62 +19,22 @@ This file must not be imported by the agent; it drives it as a user would.
 import argparse
 import json
 import os
-import re
-import signal
 import sqlite3
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "agent"))
 
+from bench.bench_agent import Agent  # noqa: E402
 from straggler_lab.standin import build_standin_nvml, write_nvml_config  # noqa: E402
 
-READY = re.compile(r"^straggler: tracing \((\d+) probes\)")
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 GPUS = 8
 NVLINKS = 18
 GOAL_PERCENT = 1.0
-
-
-def cpu_seconds(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS     # utime, stime
-
-
-class Agent:
-    def __init__(self, db, args, env):
-        self.proc = subprocess.Popen([sys.executable, "-m", "straggler.cli", "trace", "--db", db, *args],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True, env=env)
-        self.ready = threading.Event()
-        self.lines = []
-        threading.Thread(target=self._read, daemon=True).start()
-        deadline = time.monotonic() + 300
-        while not self.ready.wait(0.2):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise SystemExit("bench_devices: the agent did not start:\n" + "\n".join(self.lines[-10:]))
-
-    def _read(self):
-        for line in self.proc.stderr:
-            self.lines.append(line.rstrip("\n"))
-            if READY.match(line):
-                self.ready.set()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
 
 
 def phase(name, work, idle_pid, seconds, devices, nvml_dir, config):
@@ -85,12 +45,12 @@ def phase(name, work, idle_pid, seconds, devices, nvml_dir, config):
         env.update(LD_LIBRARY_PATH=nvml_dir, STRAGGLER_STANDIN_NVML_CONFIG=config)
     else:
         args.append("--no-gpu")
-    agent = Agent(db, args, env)
+    agent = Agent(db, args, env, name="bench_devices")
     try:
         time.sleep(2)                              # past the start-up's last writes
-        cpu0, t0 = cpu_seconds(agent.proc.pid), time.monotonic()
+        cpu0, t0 = agent.cpu_seconds(), time.monotonic()
         time.sleep(seconds)
-        cpu1, t1 = cpu_seconds(agent.proc.pid), time.monotonic()
+        cpu1, t1 = agent.cpu_seconds(), time.monotonic()
     finally:
         agent.stop()
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)

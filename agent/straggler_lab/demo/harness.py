@@ -438,6 +438,18 @@ class SyncJobHarness:
         return True
 
     # ---------------------------------------------------------------- a case
+    def new_case(self, name):
+        """A case's directory (its name: `{n}` is the case's number) with no STOP file in it: the libraries
+        built, the count of cases up by one -> (case_dir, stop_file)."""
+        self._build()
+        self.n_cases += 1
+        case_dir = self.out / "cases" / name.format(n=self.n_cases)
+        case_dir.mkdir(parents=True, exist_ok=True)
+        stop_file = case_dir / "STOP"
+        if stop_file.exists():
+            stop_file.unlink()
+        return case_dir, stop_file
+
     def run_case(self, fault, rank=0, warmup_s=8.0, fault_s=12.0, name=None, ready_timeout_s=120.0, cooldown_s=0.0):
         """Run the job with `fault` on rank `rank` (see FAULTS); returns a CaseResult. cooldown_s:
         the job runs on clean for so long after the fault is removed (a live watch's recovery)."""
@@ -445,14 +457,7 @@ class SyncJobHarness:
             raise ValueError(f"unknown fault {fault!r}: one of {', '.join(FAULTS)}")
         if not 0 <= rank < len(self.hosts):
             raise ValueError(f"rank {rank} is not in 0..{len(self.hosts) - 1}")
-        self._build()
-        self.n_cases += 1
-        name = name or f"{self.n_cases:02d}-{fault}-{self.style}-rank{rank}"
-        case_dir = self.out / "cases" / name
-        case_dir.mkdir(parents=True, exist_ok=True)
-        stop_file = case_dir / "STOP"
-        if stop_file.exists():
-            stop_file.unlink()
+        case_dir, stop_file = self.new_case(name or f"{{n:02d}}-{fault}-{self.style}-rank{rank}")
         world = len(self.hosts)
         controls = {r: self.control_path(r, case_dir) for r in range(world)}
         base = {r: "" for r in range(world)}

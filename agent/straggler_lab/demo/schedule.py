@@ -96,14 +96,7 @@ def run_schedule(h, phases, seconds, ranks_per_host=1, name=None, ready_timeout_
     """Run one job of `seconds` with `phases` applied at their times; -> ScheduleRun. kernel_us: the
     stand-in GPU's time per kernel (more: fewer steps a second, less CPU per rank — for several ranks per
     host on a small machine)."""
-    h._build()
-    h.n_cases += 1
-    name = name or f"{h.n_cases:02d}-schedule-{h.style}"
-    case_dir = h.out / "cases" / name
-    case_dir.mkdir(parents=True, exist_ok=True)
-    stop_file = case_dir / "STOP"
-    if stop_file.exists():
-        stop_file.unlink()
+    case_dir, stop_file = h.new_case(name or f"{{n:02d}}-schedule-{h.style}")
     world, node_of = _layout(h, ranks_per_host)
     host_index = {host: i for i, host in enumerate(h.hosts)}
     for p in phases:
