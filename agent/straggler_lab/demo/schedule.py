@@ -81,9 +81,9 @@ class ScheduleRun:
     real_minus_mono_ns: int           # this machine's realtime minus monotonic (the test bed's hosts share it)
 
 
-def _layout(h, ranks_per_host):
-    world = len(h.hosts) * ranks_per_host
-    return world, {r: h.hosts[r // ranks_per_host] for r in range(world)}
+def _layout(hosts, ranks_per_host):
+    world = len(hosts) * ranks_per_host
+    return world, {r: hosts[r // ranks_per_host] for r in range(world)}
 
 
 def _targets(phase, ranks_per_host, world):
@@ -92,13 +92,15 @@ def _targets(phase, ranks_per_host, world):
     return [phase.rank]
 
 
-def run_schedule(h, phases, seconds, ranks_per_host=1, name=None, ready_timeout_s=120.0, kernel_us=None):
+def run_schedule(h, phases, seconds, ranks_per_host=1, name=None, ready_timeout_s=120.0, kernel_us=None,
+                 hosts=None):
     """Run one job of `seconds` with `phases` applied at their times; -> ScheduleRun. kernel_us: the
     stand-in GPU's time per kernel (more: fewer steps a second, less CPU per rank — for several ranks per
-    host on a small machine)."""
+    host on a small machine). hosts: how many of the test bed's hosts the job runs on (default: all) —
+    fewer ranks in all on a small machine, where a hog pinned to one core must not starve the other
+    hosts' ranks too (they share the machine's cores)."""
     case_dir, stop_file = h.new_case(name or f"{{n:02d}}-schedule-{h.style}")
-    world, node_of = _layout(h, ranks_per_host)
-    host_index = {host: i for i, host in enumerate(h.hosts)}
+    world, node_of = _layout(h.hosts[:hosts] if hosts else h.hosts, ranks_per_host)
     for p in phases:
         p.ranks = _targets(p, ranks_per_host, world)
         p.node = node_of[p.ranks[0]]
@@ -162,7 +164,6 @@ def run_schedule(h, phases, seconds, ranks_per_host=1, name=None, ready_timeout_
             _write_atomic(path, "")
         h._stop_job(stop_file)
     clean = _judge(case_dir, world, phases, t_start, t_end)
-    del host_index
     return ScheduleRun(phases=phases, style=h.style, t_start_ns=t_start, t_end_ns=t_end, clean_step_ms=clean,
                        agent_dbs=dict(h.agent_dbs), rank_nodes=node_of, case_dir=str(case_dir),
                        real_minus_mono_ns=real_minus_mono)
