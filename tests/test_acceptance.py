@@ -27,7 +27,7 @@ from straggler_lab.demo.run import FIELD_SQL, RANKS_SQL, STRAGGLER_NODE, Demo, P
 pytestmark = pytest.mark.bpf
 
 WARMUP_S = 16.0      # clean steps traced before the writer starts (explain: the first quarter is the baseline)
-STRAGGLE_S = 40.0    # steps with the writer, then the job stops and the queries run
+STRAGGLE_S = 30.0    # steps with the writer, then the job stops and the queries run
 PHASE_MIN_STEPS = 50  # and at least this many steps in each phase: a busy machine makes fewer per second
 
 

@@ -4,7 +4,7 @@ of the jobs its node runs (what the agent writes from torchrun's environment). W
 `ansible-inventory -i hosts.ini -i jobs.straggler.yml` groups the hosts by job with their ranks, a playbook
 limited to one job's group runs on exactly its nodes, an agent that does not answer is named in a warning,
 a node's single-node job (a loopback rendezvous) stays that node's own, and exited processes count only
-when asked. The test bed runs it against agents tracing a real job (tests/test_playbooks_user.py)."""
+when asked. The test bed runs it against agents tracing a real job (tests/test_playbooks.py)."""
 from __future__ import annotations
 
 import json

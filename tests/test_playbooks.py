@@ -6,12 +6,21 @@ with a controller that has only ansible-core plus what the collection declares (
 installs the wheel the collection carries). The repository's own playbooks/ paths run in
 tests/test_acceptance.py (the demo).
 
-The test bed has four live hosts gpu-node-01..04 and a dead one, gpu-node-dead (SSH hangs until
-the timeout). What a user would notice is asserted: the playbooks finish with the live hosts'
+The fleet here is two of the test bed's live hosts, gpu-node-01 and gpu-node-02, and its dead one,
+gpu-node-dead (SSH hangs until the timeout): an inventory of their own with the test bed's connection
+settings (two hosts show every behaviour of a fleet that four do, in half the time; the four-host
+deployment is tests/test_acceptance.py's, as `make demo` runs it). What a user would notice is asserted: the playbooks finish with the live hosts'
 results, list the dead host, exit with the documented status (playbooks/README.md: 4 when a host
 was unreachable, 2 when one answered with an error or a straggler was found, 0 when complete), a
 second deployment changes nothing, and the deployed hosts look right from the outside
 (pytest-testinfra over the test bed's inventory, TLS handshakes from the controller).
+
+Typed as users type them, too: the second deployment is `-e target=live` (a short name on the
+command line), fleet_query gets `-e sql="..."` with spaces and '=', check mode on the set-up controller
+leaves its directories byte-identical, a second controller that brings the same CA (and nothing else)
+changes nothing on the hosts, whose agents keep running, and the inventory plugin straggler.fleet.jobs
+groups the hosts by the job running on them (a two-rank job on the stand-in CUDA libraries, which the
+agents trace), so that `-l job_<id>` targets exactly those nodes.
 
 The tests of this module run in order and share one deployment (module-scoped fixtures); the last
 one removes it. They must not touch the controller's ~/.local/share/straggler (the playbooks'
@@ -20,12 +29,15 @@ temporary directory.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import socket
 import sqlite3
 import ssl
 import subprocess
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,14 +46,14 @@ from pftrace_replay import Replay  # tests/pftrace_replay.py
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = REPO / ".venv" / "bin"
-LIVE = ["gpu-node-01", "gpu-node-02", "gpu-node-03", "gpu-node-04"]
+LIVE = ["gpu-node-01", "gpu-node-02"]
 DEAD = "gpu-node-dead"
 AGENT_PORT = 7433
 PLAYBOOK_TIMEOUT_S = 600
 RECAP_RE = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)"
                       r"\s+rescued=(\d+)\s+ignored=(\d+)", re.M)
 
-# Deploying compiles the BPF programs on four hosts at once: minutes on a busy 2-core machine.
+# Deploying compiles the BPF programs on the hosts at once: minutes on a busy 2-core machine.
 pytestmark = [pytest.mark.bpf, pytest.mark.timeout(1800)]
 
 
@@ -64,40 +76,54 @@ def parse_recap(stdout: str) -> dict:
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory, testbed, installed_collection):
-    return collection_work(tmp_path_factory.mktemp("playbooks"), testbed, installed_collection)
+    from straggler_lab.standin import build_standin
+    root = collection_work(tmp_path_factory.mktemp("playbooks"), testbed, installed_collection, hosts=LIVE + [DEAD])
+    build_standin(root / "standin")     # a job's stand-in CUDA/NCCL, visible from the hosts (under /tmp)
+    return root
 
 
-def collection_work(root: Path, testbed, user: dict) -> Path:
+def collection_work(root: Path, testbed, user: dict, hosts: list | None = None) -> Path:
     """A work directory for run_playbook: the collection as a user has it (conftest's
     installed_collection: built from the sources, installed with ansible-galaxy, run by a controller
     venv that has only ansible-core plus what the collection declares, from a directory outside the
     repository: no ansible.cfg of ours, no roles_path, the roles come from the collection), with the
-    test bed's connection settings, and private PKI, wheel cache and results under root."""
+    test bed's connection settings (`hosts`: only these of its hosts, in an inventory of their own), and
+    private PKI, wheel cache and results under root."""
     env = testbed.ansible_env(user["env"])
     # nothing that would find the repository's collection or roles
     env["ANSIBLE_COLLECTIONS_PATH"] = str(user["path"].parents[2])
     env["ANSIBLE_ROLES_PATH"] = str(root / "no-roles")
     env["ANSIBLE_CALLBACKS_ENABLED"] = "straggler.fleet.summary"
     (root / "logs").mkdir()
-    WORK_ENV[str(root)] = (env, user)
+    inventory = testbed.inventory
+    if hosts is not None:
+        inventory = root / "inventory.ini"
+        inventory.write_text("".join(line for line in testbed.inventory.read_text().splitlines(True)
+                                     if line.split(" ", 1)[0].strip() not in set(testbed.all_hosts) - set(hosts)))
+    WORK_ENV[str(root)] = (env, user, inventory)
     return root
 
 
-WORK_ENV: dict = {}   # work dir -> (environment, installed collection) for run_playbook
+WORK_ENV: dict = {}   # work dir -> (environment, installed collection, inventory) for run_playbook
 
 
-def playbook_vars(work: Path, **extra) -> str:
-    data = {"straggler_pki_dir": str(work / "pki"), "straggler_agent_wheel_cache": str(work / "wheels"),
+STANDIN_LIBS = ("libcuda.so.1", "libcudart.so.12", "libnccl.so.2")
+
+
+def playbook_vars(work: Path, pki: str = "pki", **extra) -> str:
+    data = {"straggler_pki_dir": str(work / pki), "straggler_agent_wheel_cache": str(work / "wheels"),
             "straggler_results_dir": str(work / "results"), "straggler_agent_scope": "netns",
             "straggler_agent_start_timeout": 240}
+    if (work / "standin").is_dir():     # the agents trace a job's stand-in libraries (the jobs inventory)
+        data["straggler_agent_cuda_libs"] = [str(work / "standin" / lib) for lib in STANDIN_LIBS]
     data.update(extra)
     return json.dumps(data)
 
 
 def run_playbook(testbed, work: Path, name: str, *args: str, limit: str | None = None, **extra) -> PlaybookRun:
     """ansible-playbook straggler.fleet.<name> from the installed collection, outside the repository."""
-    env, user = WORK_ENV[str(work)]
-    argv = [str(user["venv"] / "bin" / "ansible-playbook"), "-i", str(testbed.inventory),
+    env, user, inventory = WORK_ENV[str(work)]
+    argv = [str(user["venv"] / "bin" / "ansible-playbook"), "-i", str(inventory),
             f"straggler.fleet.{Path(name).stem}", "-e", playbook_vars(work, **extra)]
     if limit:
         argv += ["--limit", limit]
@@ -109,6 +135,44 @@ def run_playbook(testbed, work: Path, name: str, *args: str, limit: str | None =
     return PlaybookRun(argv, proc.returncode, proc.stdout, proc.stderr, parse_recap(proc.stdout))
 
 
+def ansible(testbed, work: Path, tool: str, *args: str):
+    """An Ansible tool of the collection users' controller, typed as users type it (no variables added)."""
+    env, user, inventory = WORK_ENV[str(work)]
+    argv = [str(user["venv"] / "bin" / tool), "-i", str(inventory), *map(str, args)]
+    proc = subprocess.run(argv, cwd=user["root"], env=env, capture_output=True, text=True, timeout=PLAYBOOK_TIMEOUT_S,
+                          stdin=subprocess.DEVNULL)
+    logs = work / "logs"
+    (logs / f"{len(list(logs.iterdir())):02d}-{tool}.log").write_text(" ".join(argv) + "\n" + proc.stdout + proc.stderr)
+    return proc
+
+
+def shown(proc) -> str:
+    return f"$ {' '.join(proc.args)}\nexit {proc.returncode}\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
+
+
+def snapshot(*roots: Path) -> dict:
+    """Every file and directory under roots: path -> (mode, inode, sha256 of the content or None)."""
+    found = {}
+    for root in roots:
+        for path in sorted([root, *root.rglob("*")]) if root.exists() else []:
+            st = path.lstat()
+            found[str(path)] = (st.st_mode, st.st_ino,
+                                hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None)
+    return found
+
+
+def host_tls(testbed, hosts) -> dict:
+    """Each host's TLS files: name -> 'file inode sha256' lines."""
+    script = "cd /etc/straggler/tls && for f in ca.crt crl.pem node.crt node.key; do echo $f $(stat -c %i $f) " \
+             "$(sha256sum < $f | cut -c1-64); done"
+    return {name: testbed.exec(name, ["sh", "-c", script], timeout=60).stdout for name in hosts}
+
+
+def host_side_changes(stdout: str) -> list:
+    """The 'changed: [host]' lines of tasks that ran on a host (not delegated to the controller)."""
+    return [line for line in stdout.splitlines() if line.startswith("changed: [") and "-> localhost" not in line]
+
+
 @pytest.fixture(scope="module")
 def deployed(testbed, work):
     """trace.yml three times: in check mode on a host without the agent (and the dead one), for real,
@@ -118,10 +182,10 @@ def deployed(testbed, work):
                                         "/usr/bin/python3 /opt/straggler/bin/straggler-agentctl stop; "
                                         "rm -rf /opt/straggler/venv /etc/straggler/agent.yml /etc/straggler/tls"],
                      timeout=60)
-    # check mode on one live host and the dead one (four hosts at once add only time)
+    # check mode on one live host and the dead one (both at once add only time)
     check = run_playbook(testbed, work, "trace.yml", "--check", limit=f"{LIVE[0]},{DEAD}")
     first = run_playbook(testbed, work, "trace.yml")
-    second = run_playbook(testbed, work, "trace.yml")
+    second = run_playbook(testbed, work, "trace.yml", "-e", "target=live")     # the short name, as typed
     return {"check": check, "first": first, "second": second}
 
 
@@ -176,19 +240,31 @@ def test_trace_deploys_and_starts_agents_and_lists_the_dead_host(deployed, testb
     for name in LIVE:
         assert run.recap[name]["failed"] == 0 and run.recap[name]["unreachable"] == 0, run.explain()
     assert run.recap[DEAD]["unreachable"] == 1, run.explain()
-    assert "4 of 5 hosts tracing" in run.stdout and "Missing (unreachable or failed): gpu-node-dead" in run.stdout, \
+    assert "2 of 3 hosts tracing" in run.stdout and "Missing (unreachable or failed): gpu-node-dead" in run.stdout, \
         run.explain()
     for name in LIVE:
         status = agent_status(testbed, name)
         assert status.get("running") and status.get("current_config"), (name, status)
 
 
-def test_second_trace_run_changes_nothing(deployed):
+def test_second_trace_run_of_the_short_target_live_changes_nothing(deployed):
     run = deployed["second"]
-    assert run.rc == 4, run.explain()
+    assert run.rc == 0, "-e target=live: the live hosts alone, all reached\n" + run.explain()
+    assert sorted(run.recap) == LIVE, run.explain()
+    assert "[WARNING]" not in run.stdout + run.stderr, run.explain()
     for name in LIVE:
         assert run.recap[name]["changed"] == 0 and run.recap[name]["failed"] == 0, \
             f"{name} changed on the second run\n" + run.explain()
+
+
+def test_check_mode_on_the_set_up_controller_leaves_its_directories_byte_identical(deployed, testbed, work):
+    controller = [work / "pki", work / "wheels", work / "results"]
+    before = snapshot(*controller)
+    assert before, "the deployment made the fleet CA"
+    run = run_playbook(testbed, work, "trace.yml", "--check", "-e", "target=live", limit=LIVE[0])   # one host says it
+    assert run.rc == 0, run.explain()
+    assert snapshot(*controller) == before
+    assert host_side_changes(run.stdout) == [], run.explain()       # nothing would change: it is all in place
 
 
 @pytest.mark.parametrize("name", LIVE)
@@ -200,13 +276,17 @@ def test_deployed_files_have_their_owners_and_modes(hosts, name):
         "/etc/straggler/agent.yml": (0o644, False), "/opt/straggler/bin/straggler-agentctl": (0o755, False),
         "/opt/straggler/venv/bin/straggler": (None, False), "/var/lib/straggler": (0o750, True),
     }
+    # one stat over SSH for all of them (a testinfra File asks once per attribute)
+    out = host.run("stat -c '%n|%a|%U|%G|%F' " + " ".join(expected)).stdout
+    seen = {path: (int(mode, 8), user, group, kind == "directory")
+            for path, mode, user, group, kind in (line.split("|") for line in out.splitlines())}
     for path, (mode, is_dir) in expected.items():
-        f = host.file(path)
-        assert f.exists, f"{name}: {path} missing"
-        assert f.user == "root" and f.group == "root", f"{name}: {path} owned by {f.user}:{f.group}"
+        assert path in seen, f"{name}: {path} missing"
+        have, user, group, have_dir = seen[path]
+        assert user == "root" and group == "root", f"{name}: {path} owned by {user}:{group}"
         if mode is not None:
-            assert f.mode == mode, f"{name}: {path} has mode {oct(f.mode)}, expected {oct(mode)}"
-        assert f.is_directory == is_dir
+            assert have == mode, f"{name}: {path} has mode {oct(have)}, expected {oct(mode)}"
+        assert have_dir == is_dir, f"{name}: {path} is{'' if have_dir else ' not'} a directory"
     config = json.loads("".join(line for line in host.file("/etc/straggler/agent.yml").content_string.splitlines(True)
                                 if not line.startswith("#")))
     assert config["node"] == name and config["scope"] == "netns" and config["port"] == AGENT_PORT
@@ -271,10 +351,19 @@ def test_fleet_query_over_https_asks_every_agent_and_lists_the_dead_host(deploye
     assert "no rows from gpu-node-dead" in run.stdout, run.explain()
 
 
-def test_fleet_query_of_the_live_hosts_only_exits_0(deployed, testbed, work):
-    run = run_playbook(testbed, work, "fleet_query.yml", limit="live", straggler_sql=SQL)
-    assert run.rc == 0, run.explain()
-    assert _results(work, run)["missing"] == []
+TYPED_SQL = "SELECT node, count(*) AS n FROM probes WHERE 1=1 AND node = node GROUP BY node"
+
+
+def test_fleet_query_as_typed_runs_the_sql_on_every_live_host_and_exits_0(deployed, testbed, work):
+    proc = ansible(testbed, work, "ansible-playbook", "straggler.fleet.fleet_query", "-e", f"sql={TYPED_SQL}",
+                   "-e", "target=live", "-e", f"straggler_results_dir={work / 'results'}")
+    assert proc.returncode == 0, shown(proc)
+    path = Path(re.search(r"rows from \d+ of \d+ hosts in (\S+\.json)", proc.stdout).group(1))
+    results = json.loads(path.read_text())
+    assert results["sql"] == TYPED_SQL and results["columns"] == ["node", "n"], results
+    assert sorted(row[0] for row in results["rows"]) == LIVE and all(row[1] > 0 for row in results["rows"]), results
+    assert results["missing"] == [], results
+    assert path.stat().st_mode & 0o777 == 0o600
 
 
 def test_explain_live_over_https_asks_the_agents_and_names_nobody_without_a_job(deployed, testbed, work):
@@ -289,7 +378,7 @@ def test_explain_live_over_https_asks_the_agents_and_names_nobody_without_a_job(
 
 # --------------------------------------------------------------------------- collect, diagnose
 
-def test_collect_produces_a_cluster_db_of_four_nodes_and_a_pftrace(deployed, testbed, work):
+def test_collect_produces_a_cluster_db_of_the_live_nodes_and_a_pftrace(deployed, testbed, work):
     out = work / "collected"
     run = run_playbook(testbed, work, "collect.yml", straggler_out=str(out))
     assert run.rc == 4, run.explain()
@@ -316,6 +405,70 @@ def test_diagnose_exits_2_only_when_a_straggler_is_found_and_writes_junit_and_ma
     assert "<testsuite" in junit
     assert ("<failure" in junit) == (expected_rc == 2)
     assert (out / "report.md").read_text().strip()
+
+
+# --------------------------------------------------------------------------- a second controller, the jobs inventory
+
+def test_a_second_controller_with_the_same_ca_changes_nothing_on_the_hosts(deployed, testbed, work):
+    hosts = LIVE
+    tls_before = host_tls(testbed, hosts)
+    pids = {name: agent_status(testbed, name)["agent_pid"] for name in hosts}
+    second = work / "pki-second-controller"
+    run = run_playbook(testbed, work, "trace.yml", "-e", "target=live", pki="pki-second-controller",
+                       limit=",".join(hosts), straggler_pki_ca_cert_file=str(work / "pki" / "ca.crt"),
+                       straggler_pki_ca_key_file=str(work / "pki" / "ca.key"))
+    assert run.rc == 0, run.explain()
+    assert sorted(run.recap) == hosts and host_side_changes(run.stdout) == [], run.explain()
+    assert host_tls(testbed, hosts) == tls_before
+    assert {name: agent_status(testbed, name)["agent_pid"] for name in hosts} == pids       # no restart
+    assert (second / "ca.crt").read_bytes() == (work / "pki" / "ca.crt").read_bytes()
+    assert (second / "controller.crt").exists()
+
+
+JOB_PORT = 29517
+
+
+def test_the_jobs_inventory_groups_the_hosts_running_a_job_and_limit_targets_them(deployed, testbed, work):
+    hosts = LIVE[:1]                    # a two-rank job on the first host; the second runs none
+    root = f"{testbed.hosts[hosts[0]]}:{JOB_PORT}"
+    stop = work / "job" / "STOP"
+    stop.parent.mkdir()
+    ranks = [testbed.popen(name, [sys.executable, "-m", "straggler_lab.demo.syncjob", "--rank", str(rank), "--world", "2",
+                                  "--root", root, "--standin-dir", str(work / "standin"), "--seconds", "300",
+                                  "--stop-file", str(stop), "--log", str(work / "job" / f"steps-{rank}.csv")],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)
+             for rank, name in enumerate(hosts * 2)]
+    source = work / "jobs.straggler.yml"
+    source.write_text(f"plugin: straggler.fleet.jobs\ngroup: gpu\npki_dir: {work / 'pki'}\ntimeout: 5\n")
+    job = "job_" + re.sub(r"[^A-Za-z0-9]", "_", root)
+    try:
+        deadline = time.monotonic() + 180                  # the agents record the ranks once they trace their calls
+        while True:
+            proc = ansible(testbed, work, "ansible-inventory", "-i", source, "--list")
+            assert proc.returncode == 0, shown(proc)
+            data = json.loads(proc.stdout)
+            if job in data or time.monotonic() > deadline:
+                break
+            time.sleep(5)
+        assert sorted(data.get(job, {}).get("hosts", [])) == hosts, shown(proc)
+        assert "gpu-node-dead" in proc.stderr and "did not answer" in proc.stderr, shown(proc)
+        ranks_of = {name: data["_meta"]["hostvars"][name].get("straggler_ranks") for name in LIVE}
+        assert ranks_of == {LIVE[0]: [0, 1], LIVE[1]: None}, ranks_of
+
+        proc = ansible(testbed, work, "ansible-playbook", "-i", source, "straggler.fleet.fleet_query", "-l", job,
+                       "-e", "sql=SELECT node, count(*) AS n FROM processes WHERE rank IS NOT NULL GROUP BY node",
+                       "-e", f"straggler_results_dir={work / 'results'}")
+        assert proc.returncode == 0, shown(proc)
+        assert sorted(parse_recap(proc.stdout)) == hosts, shown(proc)
+    finally:
+        stop.write_text("stop\n")
+        for popen in ranks:
+            try:
+                popen.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                popen.kill()
+                popen.wait(timeout=30)
 
 
 # --------------------------------------------------------------------------- stop and remove (last)

@@ -3,7 +3,7 @@ a temporary one): a fleet set up by one controller, then a second controller tha
 (from files, or as variables with the key Vault-encrypted) and has nothing else changes nothing on
 the host; a brought CA that is not usable fails in one line; check mode writes nothing on the
 controller (its directories byte-identical) yet reports what a run would change. The same on the
-multi-host test bed with real agents is tests/test_playbooks_user.py."""
+multi-host test bed with real agents is tests/test_playbooks.py."""
 from __future__ import annotations
 
 import hashlib
