@@ -24,6 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 from straggler import render  # noqa: E402
+from straggler.analysis.explain.episodes import EpisodeOptions  # noqa: E402
 from straggler_lab.demo import harness as hz, schedule as sc  # noqa: E402
 
 TESTBED_ID = 246
@@ -60,11 +61,15 @@ def shapes():
         "intermittent": (lambda: [sc.Phase("cpu-hog", host=1, start_s=8, end_s=22, on_s=1, off_s=1)], 30, {}),
         "from-first-step": (lambda: [sc.Phase("host-compute", rank=3, start_s=0, end_s=None, size=5,
                                               valid_slowdown=1.1)], 24, {}),
-        "small": (lambda: [sc.Phase("host-compute", rank=2, start_s=8, end_s=22, size=3, valid_slowdown=1.1)], 30, {}),
+        # valid from the least slowdown explain's threshold promises to see: 1 / (1 - min_gap)
+        "small": (lambda: [sc.Phase("host-compute", rank=2, start_s=8, end_s=22, size=5,
+                                    valid_slowdown=round(1 / (1 - EpisodeOptions().min_gap), 2))], 30, {}),
         "8-ranks-one-gpu": (lambda: [sc.Phase("gpu-slow", rank=5, start_s=8, end_s=22)], 30,
                             dict(ranks_per_host=2, kernel_us=1200)),
-        "8-ranks-node-hog": (lambda: [sc.Phase("cpu-hog", host=1, start_s=8, end_s=22)], 30,
-                             dict(ranks_per_host=2, kernel_us=1200)),
+        # two hosts of two ranks: with eight ranks on two shared cores a hog pinned to one core starves every
+        # host's ranks alike (no node is then slower than the others)
+        "2x2-ranks-node-hog": (lambda: [sc.Phase("cpu-hog", host=1, start_s=8, end_s=22)], 30,
+                               dict(ranks_per_host=2, hosts=2)),
         "clean": (lambda: [], 24, {}),
     }
 
