@@ -247,3 +247,25 @@ def test_a_sibling_rank_taking_the_cpu_is_self_contention_not_an_intruder(tmp_pa
     assert report.straggler == "gpu-node-02" and cause_of(report, "gpu-node-02") == "self-contention"
     finding = explain.top_cause(report, "gpu-node-02")
     assert "another rank of this job on the node" in finding.summary and "taskset" not in finding.recommendation
+
+
+def test_a_fault_faster_than_the_bins_is_confirmed_over_its_on_time_only():
+    """An intermittent episode whose period the bins cannot follow is judged over its whole span, on and
+    off alike: the model's consistency test (the straggler waits less in most slices) then asks for its
+    duty's share of them, as the segmentation judges it by its on-phases. One slow enough for the bins
+    is judged over its on-bins (all of them straggling), and a steady one over its span: both ask for all."""
+    from straggler.analysis.explain import timeline
+    series = timeline.Series(t0_ns=0, bin_ns=10**9, n_bins=30, clocks={}, ranks={}, rank_of={}, calling={},
+                             interval_ns={})
+    key = ("gpu-node-02", 42)
+
+    def episode(on_runs, off_runs, intermittent, duty, period_bins):
+        run = ep.Run(start=5, end=19, bins=14, mean_gap=0.3, on_runs=on_runs, off_runs=off_runs)
+        return timeline.Episode(node=key[0], keys=[key], start=5, end=19, runs={key: run}, lead=key,
+                                intermittent=intermittent, duty=duty, period_bins=period_bins)
+    fast = episode([(b, b + 1) for b in range(5, 19, 2)], [(b, b + 1) for b in range(6, 19, 2)], True, 0.45, 2.0)
+    assert timeline.slice_share(series, fast) == 0.45
+    slow = episode([(5, 8), (11, 14), (17, 19)], [(8, 11), (14, 17)], True, 0.5, 6.0)
+    assert timeline.slice_share(series, slow) == 1.0
+    steady = episode([(5, 19)], [], False, 1.0, None)
+    assert timeline.slice_share(series, steady) == 1.0

@@ -185,7 +185,8 @@ def _episodes(runner, opts, report, callers, span_rows, cut=None):
         windows = timeline.episode_windows(series, e, found)
         if not windows:
             continue
-        analysis = analyse(runner, opts, windows, span_rows, wait_def=series.wait_def)
+        analysis = analyse(runner, opts, windows, span_rows, wait_def=series.wait_def,
+                           expected_share=timeline.slice_share(series, e))
         # the episode's node, and a node whose own episode overlaps it, may be named in it: another rank
         # that merely waits a little less all along (a job's root rank, say) is no straggler of this time
         overlapping = {o.node for o in found if o.start < e.end and o.end > e.start}
@@ -308,12 +309,15 @@ def _device_evidence(runner, opts, series, found, judged, span_rows):
     return out
 
 
-def analyse(runner, opts, windows, span_rows, wait_def=None):
+def analyse(runner, opts, windows, span_rows, wait_def=None, expected_share=1.0):
     """One window per rank -> the model's inputs (each rank's time over its baseline and recent part, the
     slices of the recent part) and its verdict, as a Context for the findings. wait_def: the job's wait
-    definition, when its whole trace has told it (timeline.job_wait_def)."""
+    definition, when its whole trace has told it (timeline.job_wait_def). expected_share: the share of
+    the recent part in which a straggler waits less (an intermittent episode's duty: timeline.slice_share);
+    the consistency test asks for its share of that."""
     mopts = opts.model_options()
     mopts.wait_def = wait_def
+    mopts.consistency *= expected_share
     rank_of = {(r["node"], int(r["pid"])): r["rank"] for r in span_rows}
     interval_of = {(r["node"], int(r["pid"])): int(r["interval_ns"] or 1) for r in span_rows}
     threads_sql = sql.threads(windows)

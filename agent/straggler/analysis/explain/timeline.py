@@ -346,6 +346,16 @@ def _recent_and_off(series, episode):
     return list(range(episode.start, episode.end)), set()
 
 
+def slice_share(series, episode):
+    """The share of an episode's judged time in which its straggler is expected to wait less: its duty
+    when it comes and goes faster than the bins follow (then judged over its whole span, on and off
+    alike), else 1. The model's consistency test (lower in most slices) asks for that share of it."""
+    _, off_bins = _recent_and_off(series, episode)
+    if episode.intermittent and not off_bins and episode.duty:
+        return episode.duty
+    return 1.0
+
+
 def episode_windows(series, episode, all_episodes):
     """Each rank's Window for one episode: the recent part is the episode's bins (the on-bins of its lead
     rank when the fault comes and goes); the baseline is the rank's clean bins around it (no episode of
