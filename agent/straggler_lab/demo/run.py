@@ -183,14 +183,16 @@ class Demo:
                             f"after {result.seconds:.0f}s: see {log_path}\n{tail}")
         return result
 
-    def playbook(self, playbook, name, extra_vars=None, limit=None, ok_codes=(0,), timeout_s=300, show="tasks"):
-        """ansible-playbook playbooks/<playbook> against the test bed's inventory. The extra
-        variables go as one JSON -e (Ansible splits key=value on spaces, SQL has spaces)."""
+    def playbook(self, playbook, name, extra_vars=None, limit=None, ok_codes=(0,), timeout_s=300, show="tasks",
+                 typed=()):
+        """ansible-playbook playbooks/<playbook> against the test bed's inventory. The demo's own
+        settings go as one JSON -e; `typed`: more arguments as a user types them (-e sql=...)."""
         argv = [VENV_BIN / "ansible-playbook", f"playbooks/{playbook}", "-i", self.bed.inventory]
         if limit:
             argv += ["--limit", ":".join(limit)]
         if extra_vars:
             argv += ["-e", json.dumps(extra_vars)]
+        argv += list(typed)
         return self.command(argv, name, timeout_s=timeout_s, ok_codes=ok_codes, show=show)
 
     def pki_vars(self, **more):
@@ -319,8 +321,9 @@ class Demo:
         """fleet_query.yml with the SQL; returns (command result, the results file as a dict)."""
         results_dir = self.out / "results"
         before = set(results_dir.glob("*.json")) if results_dir.exists() else set()
-        result = self.playbook("fleet_query.yml", name, self.pki_vars(straggler_sql=sql, straggler_results_dir=str(results_dir)),
-                               limit=limit or self.hosts, ok_codes=ok_codes, timeout_s=180, show=None)
+        result = self.playbook("fleet_query.yml", name, self.pki_vars(straggler_results_dir=str(results_dir)),
+                               limit=limit or self.hosts, ok_codes=ok_codes, timeout_s=180, show=None,
+                               typed=("-e", f"sql={sql}"))       # as users type it: -e sql="SELECT ..."
         new = sorted(set(results_dir.glob("*.json")) - before)
         if not new:
             raise DemoError(f"fleet_query.yml wrote no results file into {results_dir}: see {result.log_path}")
@@ -339,8 +342,8 @@ class Demo:
         return text, report
 
     def collect(self, limit=None, ok_codes=(0,), name="collect"):
-        return self.playbook("collect.yml", name, self.pki_vars(straggler_out=str(self.out)), limit=limit or self.hosts,
-                             ok_codes=ok_codes, timeout_s=240, show=None)
+        return self.playbook("collect.yml", name, self.pki_vars(), limit=limit or self.hosts,
+                             ok_codes=ok_codes, timeout_s=240, show=None, typed=("-e", f"out={self.out}"))
 
 
 def _json_from_output(text):
@@ -502,7 +505,7 @@ def run_story(demo, args):
     p.raw(table_text(*stats.table()))
     p.info("which node? nothing in the step times says: the job is synchronous. The agents' stores do:")
 
-    p.step("ansible-playbook playbooks/fleet_query.yml -e 'straggler_sql=\"" + FIELD_SQL + "\"'")
+    p.step(f'ansible-playbook playbooks/fleet_query.yml -e sql="{FIELD_SQL}"')
     result, _ = demo.fleet_query()
     p.raw(_table_part(result.output))
 
@@ -511,7 +514,7 @@ def run_story(demo, args):
     p.raw(_strip_command_line(text.output))
     p.info(f"the SQL behind every number: {demo.logs / 'explain.json'} (and demo-output/explain.md after collect)")
 
-    p.step("ansible-playbook playbooks/collect.yml -e straggler_out=demo-output   (the air-gapped path: snapshots over SSH, "
+    p.step("ansible-playbook playbooks/collect.yml -e out=demo-output   (the air-gapped path: snapshots over SSH, "
            "merge, explain, Perfetto export)")
     result = demo.collect()
     p.info(_recap(result.output))
