@@ -24,7 +24,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 from straggler import render  # noqa: E402
-from straggler.analysis.explain.episodes import EpisodeOptions  # noqa: E402
 from straggler_lab.demo import harness as hz, schedule as sc  # noqa: E402
 
 TESTBED_ID = 246
@@ -59,11 +58,11 @@ def shapes():
     return {
         "late": (lambda: [sc.Phase("cpu-hog", host=0, start_s=40, end_s=None)], 52, {}),
         "intermittent": (lambda: [sc.Phase("cpu-hog", host=1, start_s=8, end_s=22, on_s=1, off_s=1)], 30, {}),
-        "from-first-step": (lambda: [sc.Phase("host-compute", rank=3, start_s=0, end_s=None, size=5,
-                                              valid_slowdown=1.1)], 24, {}),
-        # valid from the least slowdown explain's threshold promises to see: 1 / (1 - min_gap)
-        "small": (lambda: [sc.Phase("host-compute", rank=2, start_s=8, end_s=22, size=5,
-                                    valid_slowdown=round(1 / (1 - EpisodeOptions().min_gap), 2))], 30, {}),
+        # small faults are valid from SMALL_VALID (x1.25): explain's threshold (x1.18) clear of the noise
+        "from-first-step": (lambda: [sc.Phase("host-compute", rank=3, start_s=0, end_s=None, size=7,
+                                              valid_slowdown=sc.SMALL_VALID)], 24, {}),
+        "small": (lambda: [sc.Phase("host-compute", rank=2, start_s=8, end_s=22, size=7,
+                                    valid_slowdown=sc.SMALL_VALID)], 30, {}),
         "8-ranks-one-gpu": (lambda: [sc.Phase("gpu-slow", rank=5, start_s=8, end_s=22)], 30,
                             dict(ranks_per_host=2, kernel_us=1200)),
         # two hosts of two ranks: with eight ranks on two shared cores a hog pinned to one core starves every

@@ -269,3 +269,28 @@ def test_a_fault_faster_than_the_bins_is_confirmed_over_its_on_time_only():
     assert timeline.slice_share(series, slow) == 1.0
     steady = episode([(5, 19)], [], False, 1.0, None)
     assert timeline.slice_share(series, steady) == 1.0
+
+
+def test_a_few_clean_bins_before_an_episode_are_no_baseline():
+    """A fault from the first step leaves only the job's start-up bins before its episode: a baseline of
+    them (already faulty, or not yet steady) would hide its cause, so fewer than MIN_CLEAN_BINS clean bins
+    are no baseline, and the causes are judged against the other ranks at the same time. Five clean bins
+    before it are its baseline."""
+    from straggler.analysis.explain import timeline
+    keys = [("gpu-node-01", 11), ("gpu-node-02", 12)]
+    n = 30
+    series = timeline.Series(t0_ns=0, bin_ns=10**9, n_bins=n, clocks={k[0]: timeline.NodeClock(k[0]) for k in keys},
+                             ranks={k: [None] * n for k in keys}, rank_of={k: i for i, k in enumerate(keys)},
+                             calling={}, interval_ns={k: 10**9 for k in keys},
+                             usable_bins={k: frozenset(range(1, n - 1)) for k in keys})
+
+    def windows(start, end):
+        run = ep.Run(start=start, end=end, bins=end - start, mean_gap=0.3, on_runs=[(start, end)])
+        e = timeline.Episode(node=keys[0][0], keys=[keys[0]], start=start, end=end, runs={keys[0]: run},
+                             lead=keys[0])
+        return {w.node: w for w in timeline.episode_windows(series, e, [e])}
+    early = windows(3, n)             # bins 1 and 2 are clean, and nothing after it
+    assert all(w.baseline == () for w in early.values()), early
+    assert early["gpu-node-01"].recent == ((3 * 10**9, (n - 1) * 10**9),)     # its last bin is the job's end
+    later = windows(6, n)             # bins 1 to 5
+    assert later["gpu-node-01"].baseline == ((10**9, 6 * 10**9),)

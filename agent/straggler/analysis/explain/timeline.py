@@ -18,7 +18,7 @@ MAX_SERIES_ROWS = 400_000      # rows the series query may return: bins grow on 
 HELPERS_PER_RANK = 4           # the series rows per rank and bin it budgets for (its calling thread and helpers)
 NEIGHBOURHOOD_S = 600.0        # a rank's clean time judged against an episode lies within this of it
 MERGE_BINS = 2                 # runs of one node's ranks this close are one episode
-MIN_CLEAN_BINS = 3             # clean time around an episode its slowdown is measured against
+MIN_CLEAN_BINS = 3             # clean time around an episode its slowdown and its causes are measured against
 WAIT_DEF_BINS = 300             # bins per rank that say where the job waits (job_wait_def)
 BIN_CYCLE = 4                  # an intermittent fault's on-bins are judged apart when its period is this many bins
 
@@ -359,7 +359,9 @@ def slice_share(series, episode):
 def episode_windows(series, episode, all_episodes):
     """Each rank's Window for one episode: the recent part is the episode's bins (the on-bins of its lead
     rank when the fault comes and goes); the baseline is the rank's clean bins around it (no episode of
-    any node, data of its own), within NEIGHBOURHOOD_S, plus the off-bins of an intermittent one."""
+    any node, data of its own), within NEIGHBOURHOOD_S, plus the off-bins of an intermittent one; fewer
+    than MIN_CLEAN_BINS of them are no baseline (a fault from the first step leaves only the job's start-up
+    bins before it), and its causes are then what it has above the other ranks at the same time."""
     recent_bins, off_bins = _recent_and_off(series, episode)
     busy = set()
     for other in all_episodes:
@@ -375,6 +377,8 @@ def episode_windows(series, episode, all_episodes):
             continue
         recent = set(recent_bins)
         clean = [b for b in range(lo_b, hi_b) if b in ok and (b not in busy or b in off_bins) and b not in recent]
+        if len(clean) < MIN_CLEAN_BINS:
+            clean = []
         windows.append(Window(node, pid, _segments(clean, series, key), _segments(mine, series, key)))
     return windows
 
