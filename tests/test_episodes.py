@@ -90,6 +90,20 @@ def test_a_square_wave_is_one_intermittent_episode_with_its_period_and_duty():
     assert ep.is_intermittent(run) and run.period_bins() == 4 and 0.4 <= run.duty <= 0.6
 
 
+def test_a_fault_on_every_other_bin_is_one_episode_over_its_whole_span():
+    """On one bin, off the next, at twice the threshold: its mean over the span is min_gap itself. The
+    trimming of weak ends weighs each side as an episode is (by its on-bins), so the rest of the fault is
+    never a weak end of its first bin (it cut the episode down to that one bin, and named nobody)."""
+    g = noise(200, sigma=0.01)
+    for b in range(100, 130, 2):
+        g[b] += 0.30
+    found = ep.straggling_runs(g)
+    assert len(found) == 1, [(r.start, r.end) for r in found]
+    run = found[0]
+    assert run.start == 100 and 128 <= run.end <= 130
+    assert ep.is_intermittent(run) and run.period_bins() == 2
+
+
 def test_a_rank_that_always_waits_a_little_less_dates_a_fault_from_where_it_starts():
     """A job's root rank (or one pinned to a busy core) waits 8 points less than the others all along, just
     above the segmentation's per-bin threshold; a fault on it then starts at bin 60. The episode starts at
@@ -175,6 +189,18 @@ def test_a_fault_that_comes_and_goes_is_one_intermittent_episode(tmp_path):
     assert e["intermittent"] and e["intermittent"]["period_s"] == pytest.approx(4.0, abs=1.0)
     assert 0.3 <= e["intermittent"]["duty"] <= 0.7
     assert cause_of(report, "gpu-node-03") == "cpu-contention"
+
+
+def test_a_hog_one_second_on_one_off_is_named_over_its_span(tmp_path):
+    """A fault as fast as the bins (1 s on, 1 s off, the job x1.3 over its span): one intermittent
+    episode on its node with its period, not cut down to its first bin."""
+    report, facts = explained(tmp_path, [series.Fault(node=1, start_s=100, end_s=130, kind="cpu", slow=1.6,
+                                                      on_s=1, off_s=1)], seconds=240)
+    assert report.straggler == "gpu-node-02" and len(report.episodes) == 1, report.episodes
+    e = report.episodes[0]
+    assert abs(e["start_ns"] - facts["faults"][0]["start_ns"]) <= 2 * S and e["duration_s"] >= 26
+    assert e["intermittent"] and e["intermittent"]["period_s"] == pytest.approx(2.0, abs=0.5)
+    assert cause_of(report, "gpu-node-02") == "cpu-contention"
 
 
 def test_host_compute_from_the_first_step_is_host_compute(tmp_path):

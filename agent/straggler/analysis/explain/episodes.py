@@ -82,17 +82,17 @@ def two_state_path(evidence, switch_cost):
     return path
 
 
-def _runs(flags, lo, hi):
-    """[(start, end)] maximal runs of True in flags[lo:hi] (absolute indexes)."""
+def _runs(flags, lo, hi, base=0):
+    """[(start, end)] maximal runs of True in flags[lo:hi], as indexes plus `base`."""
     out, start = [], None
     for i in range(lo, hi):
         if flags[i] and start is None:
             start = i
         elif not flags[i] and start is not None:
-            out.append((start, i))
+            out.append((start + base, i + base))
             start = None
     if start is not None:
-        out.append((start, hi))
+        out.append((start + base, hi + base))
     return out
 
 
@@ -112,21 +112,27 @@ def straggling_runs(gaps, opts=None):
         while end > start and gaps[end - 1] is None:
             end -= 1
         start, end = trim_weak_ends(gaps, start, end, opts)
-        values = [g for g in gaps[start:end] if g is not None]
-        if len(values) < opts.min_bins:
-            continue
-        on = [g is not None and g >= threshold for g in gaps]
-        on_runs = _runs(on, start, end)
-        off_runs = [(a, b) for a, b in _runs([not x for x in on], start, end)]
-        run = Run(start=start, end=end, bins=len(values), mean_gap=sum(values) / len(values),
-                  on_runs=on_runs, off_runs=off_runs)
-        # an intermittent fault is judged by its on-phases; a steady one by its whole span
-        on_values = [g for g in values if g >= threshold]
-        judged = statistics.mean(on_values) if is_intermittent(run, opts) and on_values else run.mean_gap
-        if judged < min_mean:
+        run, judged = stretch(gaps, start, end, opts)
+        if run is None or run.bins < opts.min_bins or judged < min_mean:
             continue
         out.append(run)
     return out
+
+
+def stretch(gaps, start, end, opts):
+    """Bins [start, end) of one rank's gaps as a Run (its mean gap, its on/off structure), and the gap it
+    is judged by: a fault that comes and goes by its on-phases (the mean of its on-bins), a steady one by
+    its whole span. -> (Run, judged gap), or (None, None) without data."""
+    threshold = opts.min_gap / 2
+    values = [g for g in gaps[start:end] if g is not None]
+    if not values:
+        return None, None
+    on = [g is not None and g >= threshold for g in gaps[start:end]]
+    run = Run(start=start, end=end, bins=len(values), mean_gap=sum(values) / len(values),
+              on_runs=_runs(on, 0, len(on), start), off_runs=_runs([not x for x in on], 0, len(on), start))
+    on_values = [g for g in values if g >= threshold]
+    judged = statistics.mean(on_values) if is_intermittent(run, opts) and on_values else run.mean_gap
+    return run, judged
 
 
 def _best_split(points):
@@ -152,20 +158,23 @@ def _best_split(points):
 
 def trim_weak_ends(gaps, start, end, opts):
     """An episode begins where the rank's straggling does and ends where it stops: a stretch at either end
-    of [start, end) that is clearly weaker than the rest (its mean gap under min_gap, and under half the
+    of [start, end) that is clearly weaker than the rest (its gap under min_gap, and under half the
     rest's) is left out. The segmentation enters the straggling state at the first bin of a long run of
     barely positive evidence before a strong fault (a rank that always waits a little less: a job's root
-    rank, a pinned core) and would date the fault's start minutes early. -> (start, end)"""
+    rank, a pinned core) and would date the fault's start minutes early. Each side is weighed as an
+    episode is (stretch()): a fault that comes and goes by its on-phases, so that its own off-bins never
+    make the rest of it look weak. -> (start, end)"""
     for _ in range(4):
         points = [(b, gaps[b]) for b in range(start, end) if gaps[b] is not None]
         split = _best_split(points)
         if split is None:
             break
-        i, left, right = split
+        cut = points[split[0]][0]
+        left, right = stretch(gaps, start, cut, opts)[1], stretch(gaps, cut, end, opts)[1]
         if left < opts.min_gap and right >= 2 * max(left, 0.0) and right >= opts.min_gap:
-            start = points[i][0]
+            start = cut
         elif right < opts.min_gap and left >= 2 * max(right, 0.0) and left >= opts.min_gap:
-            end = points[i - 1][0] + 1
+            end = points[split[0] - 1][0] + 1
         else:
             break
     return start, end
