@@ -22,6 +22,7 @@ import time
 import pytest
 
 from pftrace_replay import Replay  # tests/pftrace_replay.py
+from straggler_lab import procs
 from straggler_lab.demo.run import FIELD_SQL, RANKS_SQL, STRAGGLER_NODE, Demo, Progress
 
 pytestmark = pytest.mark.bpf
@@ -85,12 +86,7 @@ def field_case(testbed, tmp_path_factory):
                                                           "/var/log/straggler/* /run/straggler/*"],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                         for name in live]     # the four hosts at once
-            for proc in stopping:
-                try:
-                    proc.wait(timeout=90)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
+            procs.end(stopping, sig=None, wait_s=90)
         finally:
             progress.close()
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from straggler_lab import procs
 from straggler_lab.standin import build_standin, build_workload
 from straggler.store.schema import SCHEMA_VERSION
 
@@ -97,13 +98,7 @@ class AgentRun:
                 pytest.fail(f"the agent was not ready within {READY_TIMEOUT_S} s:\n" + "\n".join(self.stderr_lines[-20:]))
 
     def stop(self, sig=signal.SIGTERM, timeout=90):
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        procs.end(self.proc, sig=sig, wait_s=timeout)
         return self.proc.returncode
 
 
@@ -154,11 +149,7 @@ class Launcher:
 
     def close(self):
         self.proc.stdin.close()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        procs.end(self.proc, sig=None, wait_s=30)           # it ends when its stdin does
 
 
 class Child:

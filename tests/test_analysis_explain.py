@@ -15,7 +15,6 @@ import pytest
 
 from straggler import cli
 from straggler.analysis import explain
-from straggler.analysis.explain import engine
 from straggler.render.report import to_text
 from straggler_lab import synth
 

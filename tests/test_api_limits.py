@@ -21,7 +21,6 @@ import http.client
 import json
 import os
 import shutil
-import signal
 import socket
 import sqlite3
 import ssl
@@ -39,6 +38,7 @@ from straggler import pki
 from straggler.store import sqlite_lib
 from straggler.store.query import defensive_mode, open_readonly
 from straggler.tls import TLSOptions, client_context, read_crl
+from straggler_lab import procs
 
 ADDRESS = "127.0.0.1"
 MB = 1 << 20
@@ -89,13 +89,7 @@ class Serve:
         raise KeyError(field)
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=15)
+        procs.end(self.proc, wait_s=15, kill_wait_s=15)
         self._thread.join(timeout=5)
         self.proc.stderr.close()
 

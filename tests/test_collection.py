@@ -16,7 +16,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from xml.etree import ElementTree
 from pathlib import Path
 

@@ -12,7 +12,6 @@ writer; the trainer's own threads are never recommended to be moved away.
 The matrix over many runs and both collective styles is `make bench` (bench/bench_diagnosis.py).
 """
 import json
-import signal
 import sqlite3
 import subprocess
 
@@ -20,6 +19,7 @@ import pytest
 
 from straggler.analysis import explain
 from straggler.render.report import to_text
+from straggler_lab import procs
 from straggler_lab.demo import harness as hz, schedule as sc
 
 pytestmark = pytest.mark.bpf
@@ -181,12 +181,7 @@ def test_watch_names_a_real_straggler_within_20s_and_reports_its_recovery(harnes
     try:
         case = harness.run_case("cpu-hog", rank=0, warmup_s=20.0, fault_s=18.0, cooldown_s=16.0)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        procs.end(proc, wait_s=30)
     text = watch_log.read_text()
     events = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
     if not case.valid:

@@ -8,7 +8,6 @@ within the uncertainty the measure states). No assertion judges a speed: a node'
 call's deadline is told apart by the status message it produces."""
 import json
 import select
-import signal
 import subprocess
 import sys
 import textwrap
@@ -24,6 +23,7 @@ from straggler.clock import estimate_offset, mono_to_real, offset_of_pairs
 from straggler.errors import StragglerError
 from straggler.fleet.client import (EXIT_ALL_ANSWERED, EXIT_NONE_ANSWERED, EXIT_PARTIAL, LiveFeed, fleet_query,
                                     offset_is_flagged, parse_nodes)
+from straggler_lab import procs
 
 NODE_NAMES = [f"gpu-node-{i + 1:02d}" for i in range(len(AGENT_ADDRESSES))]
 NODE_TIMEOUT_S = 4.0   # per node: far above what a loopback agent takes, so only the hung and dropped peers reach it
@@ -210,12 +210,7 @@ def test_an_agent_whose_wall_clock_is_2_5s_ahead_is_measured_so_within_the_state
         result = fleet_query([f"{SKEWED_ADDRESS}:{port}"], "SELECT count(*) AS n FROM events",
                              certs.client(), timeout_s=10, deadline_s=20, clock_samples=12)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        procs.end(proc, wait_s=10)
     skewed = result.nodes[0]
     assert skewed.status == "ok" and skewed.node == "gpu-node-skewed"
     offset_ns, uncertainty_ns = result.offsets["gpu-node-skewed"]

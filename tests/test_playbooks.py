@@ -43,6 +43,7 @@ from pathlib import Path
 
 import pytest
 from pftrace_replay import Replay  # tests/pftrace_replay.py
+from straggler_lab import procs
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = REPO / ".venv" / "bin"
@@ -453,12 +454,7 @@ def test_the_jobs_inventory_groups_the_hosts_running_a_job_and_limit_targets_the
         assert sorted(parse_recap(proc.stdout)) == hosts, shown(proc)
     finally:
         stop.write_text("stop\n")
-        for popen in ranks:
-            try:
-                popen.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                popen.kill()
-                popen.wait(timeout=30)
+        procs.end(ranks, sig=None, wait_s=60, kill_wait_s=30)       # they stop at the stop file
 
 
 # --------------------------------------------------------------------------- stop and remove (last)
