@@ -292,6 +292,8 @@ def test_agent_process_runs_and_its_port_listens(hosts, testbed, name):
     status = agent_status(testbed, name)
     agent = host.process.get(pid=status["agent_pid"])
     assert "straggler trace" in agent.args and f"--node {name}" in agent.args and "--scope netns" in agent.args
+    # no systemd on the test bed: the supervisor marks the agent to be killed first under memory pressure
+    assert host.file(f"/proc/{status['agent_pid']}/oom_score_adj").content_string.strip() == "1000"
     assert host.file("/run/straggler/agent.pid").content_string.strip() == str(status["supervisor_pid"])
     assert host.socket(f"tcp://0.0.0.0:{AGENT_PORT}").is_listening
     assert "tracing" in host.file("/var/log/straggler/agent.log").content_string
