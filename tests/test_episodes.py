@@ -110,8 +110,9 @@ def test_a_rank_that_always_waits_a_little_less_dates_a_fault_from_where_it_star
     60, not at the first bin of that slight lead: a watch would otherwise say the step time moved a
     minute before it did."""
     bias = [0.08 + x for x in noise(60, sigma=0.02, seed=3)]
-    fault = [0.7 + x for x in noise(20, sigma=0.03, seed=4)]
-    assert runs(bias + fault + bias) == [(60, 80)]
+    for size in (0.7, 0.2):           # a strong fault, and one near the threshold
+        fault = [size + x for x in noise(20, sigma=0.03, seed=4)]
+        assert runs(bias + fault + bias) == [(60, 80)], size
 
 
 def test_one_noisy_bin_or_two_make_no_episode():

@@ -46,7 +46,6 @@ JOB_MARGIN_NS = 2_000_000_000    # the job's span explain is asked about, with a
 # to 0.08), so a phase that near the threshold is found in some runs and not in others: no case either way.
 # A small fault counts from SMALL_VALID, clear of that noise.
 GAP_NOISE = 0.05
-SMALLEST_SEEN = round(1 / (1 - EpisodeOptions().min_gap), 2)
 SMALL_VALID = round(1 / (1 - EpisodeOptions().min_gap - GAP_NOISE), 2)
 
 

@@ -158,23 +158,24 @@ def _best_split(points):
 
 def trim_weak_ends(gaps, start, end, opts):
     """An episode begins where the rank's straggling does and ends where it stops: a stretch at either end
-    of [start, end) that is clearly weaker than the rest (its gap under min_gap, and under half the
-    rest's) is left out. The segmentation enters the straggling state at the first bin of a long run of
-    barely positive evidence before a strong fault (a rank that always waits a little less: a job's root
-    rank, a pinned core) and would date the fault's start minutes early. Each side is weighed as an
-    episode is (stretch()): a fault that comes and goes by its on-phases, so that its own off-bins never
-    make the rest of it look weak. -> (start, end)"""
+    of [start, end) that is clearly weaker than the rest (its mean under half the rest's, and its gap
+    under min_gap while the rest's is not) is left out. The segmentation enters the straggling state at
+    the first bin of a long run of barely positive evidence before a strong fault (a rank that always
+    waits a little less: a job's root rank, a pinned core) and would date the fault's start minutes
+    early. Each side's gap is weighed as an episode's is (stretch(): a fault that comes and goes by its
+    on-phases), so that a fault's own off-bins never make the rest of it look weak. -> (start, end)"""
     for _ in range(4):
         points = [(b, gaps[b]) for b in range(start, end) if gaps[b] is not None]
         split = _best_split(points)
         if split is None:
             break
-        cut = points[split[0]][0]
-        left, right = stretch(gaps, start, cut, opts)[1], stretch(gaps, cut, end, opts)[1]
-        if left < opts.min_gap and right >= 2 * max(left, 0.0) and right >= opts.min_gap:
-            start = cut
-        elif right < opts.min_gap and left >= 2 * max(right, 0.0) and left >= opts.min_gap:
-            end = points[split[0] - 1][0] + 1
+        i, left_mean, right_mean = split
+        left = stretch(gaps, start, points[i - 1][0] + 1, opts)[1]
+        right = stretch(gaps, points[i][0], end, opts)[1]
+        if left < opts.min_gap and right_mean >= 2 * max(left_mean, 0.0) and right >= opts.min_gap:
+            start = points[i][0]
+        elif right < opts.min_gap and left_mean >= 2 * max(right_mean, 0.0) and left >= opts.min_gap:
+            end = points[i - 1][0] + 1
         else:
             break
     return start, end
