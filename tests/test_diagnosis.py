@@ -124,6 +124,9 @@ def test_faults_late_intermittent_and_small_in_one_job_are_three_episodes(harnes
               sc.Phase("cpu-hog", host=0, start_s=52, end_s=None)]
     run, valid, report, text = schedule_case(harness, tmp_path, "late-intermittent-small", phases, seconds=64)
     assert_found(run, valid, report, text)
+    for p in valid:         # each episode has its own communicators finding, over its own time
+        comms = [f for f in sc.episode_of(run, p, report)["findings"] if f["cause"] == "communicators"]
+        assert len(comms) == 1 and "(4 of 4 ranks, made by ncclCommInitRank" in comms[0]["summary"], text
     flapping = phases[0]
     if flapping.valid:
         e = sc.episode_of(run, flapping, report)
@@ -140,6 +143,8 @@ def test_faults_late_intermittent_and_small_in_one_job_are_three_episodes(harnes
         assert who.strip().startswith("cpuhog (pid"), text
         assert "writer" not in who.split(";")[0], text
         assert "taskset" in top["recommendation"], text
+        (comms,) = [f for f in findings if f["cause"] == "communicators"]
+        assert comms["summary"].startswith(f"its peers wait for {late.node} (rank 0) in communicator id 0x"), text
 
 
 def test_a_node_slow_from_its_first_step_gets_its_real_cause(harness, tmp_path):

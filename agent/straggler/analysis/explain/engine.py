@@ -142,7 +142,8 @@ def explain(runner, opts, source):
     if cut.per_node is not None:
         report.span = cut.to_dict()
         findings.unaligned_cut_finding(report, cut, sql.NODE_CLOCKS)
-    findings.communicator_finding(report, analysis, cut)
+    if not any(f.cause == "communicators" for f in report.findings):     # (the costliest episode's, if any)
+        findings.communicator_finding(report, analysis, cut)
     findings.missing_finding(report, analysis, world, spans_sql)
     findings.error_findings(report, runner, cut)
     findings.lost_findings(report, runner.rows(sql.LOST))
@@ -222,6 +223,7 @@ def _episodes(runner, opts, report, callers, span_rows, cut=None):
             continue
         sub = Report(source=report.source)
         emit(sub, j.analysis)
+        findings.communicator_finding(sub, j.analysis, cut)      # where its peers waited for it, in its time
         j.findings = _order(sub.findings)
         for ev, texts in (device or {}).get("attach", {}).get(id(j), []):
             findings.add_device_evidence(j.findings, ev, texts)
