@@ -17,6 +17,7 @@ Needs root and eBPF (it brings up a test bed of its own, id 246, and tears it do
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -150,6 +151,8 @@ def main(argv=None):
     styles = ["blocking"] if args.quick else [s for s in args.styles.split(",") if s]
     faults = [f for f in args.faults.split(",") if f]
     from straggler_lab import testbed
+    # a SIGTERM (a CI timeout, kill PID) ends it like ^C: the harness and the test bed are taken down
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     lock = testbed.TestbedLock(TESTBED_ID)
     if not lock.try_acquire():
         print(f"bench_diagnosis: test bed {TESTBED_ID} is in use (pid {lock.holder()})", file=sys.stderr)

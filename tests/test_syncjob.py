@@ -206,6 +206,9 @@ def test_enqueue_returns_at_once_blocking_waits_in_the_call(tmp_path, standin_di
         # waits ~20 ms for rank 1 in every step)
         fast_quarter = statistics.quantiles((float(r["coll_call_ms"]) for r in rows), n=4)[0]
         assert fast_quarter < 0.5, f"enqueue: three quarters of the ncclAllReduce calls took {fast_quarter:.2f} ms or more"
+        # ... and the wait for rank 1 is in the synchronize after it: until the collective is done
+        done = median_of(rows, "coll_done_ms")
+        assert done >= 5, f"enqueue: the allreduce was done {done:.2f} ms after its call while rank 1 is ~20 ms late"
     else:
         call = median_of(rows, "coll_call_ms")
         assert call >= 5, f"blocking: ncclAllReduce took only {call:.2f} ms while rank 1 is ~20 ms late"

@@ -310,14 +310,15 @@ def _judge(case_dir, world, phases, t_start, t_end):
 
 
 def _coll_ms(path):
-    """[(t_end_mono_ns, step_ms, coll_call_ms)] of a step log."""
+    """[(t_end_mono_ns, step_ms, coll_done_ms)] of a step log: the collective's time until it is done (with
+    collectives that only enqueue, the rank waits for its peers in the synchronize after the call)."""
     import csv
     out = []
     try:
         with open(path, newline="") as f:
             for row in csv.DictReader(f):
                 try:
-                    out.append((int(row["t_end_mono_ns"]), float(row["step_ms"]), float(row["coll_call_ms"])))
+                    out.append((int(row["t_end_mono_ns"]), float(row["step_ms"]), float(row["coll_done_ms"])))
                 except (KeyError, TypeError, ValueError):
                     continue
     except OSError:
@@ -327,8 +328,8 @@ def _coll_ms(path):
 
 def _judge_whole_job(p, case_dir, world, t_start, t_end):
     """A fault over the whole job has no clean steps to compare with: how much longer the other ranks
-    wait in each allreduce than the faulted one is the time the job loses to it every step (the job
-    would run that much faster without it)."""
+    wait for each allreduce to be done than the faulted one is the time the job loses to it every step
+    (the job would run that much faster without it)."""
     skip = int(WARMUP_SKIP_S * 1e9)
     waits = {r: [c for t, _, c in _coll_ms(case_dir / f"steps-rank{r}.csv") if t_start + skip < t <= t_end]
              for r in range(world)}

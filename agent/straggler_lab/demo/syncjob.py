@@ -24,9 +24,10 @@ file is the stand-in's STRAGGLER_STANDIN_CONTROL), one `key=value` a line:
                 the value goes back to 0: the rank's own threads competing for its core
   gpu_factor=X  read by the stand-in: kernels take X times their device time
 
-Step log (--log, one line per step, flushed): rank,step,t_end_mono_ns,step_ms,coll_call_ms
+Step log (--log, one line per step, flushed): rank,step,t_end_mono_ns,step_ms,coll_call_ms,coll_done_ms
 (t_end_mono_ns: CLOCK_MONOTONIC, time.monotonic_ns(); coll_call_ms: the time inside the
-ncclAllReduce call itself). The ranks stop together: every allreduce carries a stop vote (the
+ncclAllReduce call itself; coll_done_ms: from the call until the collective is done — the call, and
+with collectives that only enqueue the synchronize after it: the rank's wait for its peers either way). The ranks stop together: every allreduce carries a stop vote (the
 stop file, --seconds, --max-steps or a SIGTERM/SIGINT on any rank), so they all log the same
 steps and exit 0 (3: an NCCL failure, e.g. a peer gone; 4: a wrong sum with --check).
 --check verifies the allreduce's sum every step (exit 4 otherwise).
@@ -367,7 +368,7 @@ def run(args):
     comm = None
     t_start = time.monotonic()
     try:
-        log.write("rank,step,t_end_mono_ns,step_ms,coll_call_ms\n")
+        log.write("rank,step,t_end_mono_ns,step_ms,coll_call_ms,coll_done_ms\n")
         log.flush()
         comm = gpu.comm_init(args.world, args.rank)
         print(f"syncjob rank {args.rank}/{args.world} pid {os.getpid()}: {args.style} collectives through "
@@ -416,7 +417,8 @@ def run(args):
                 print(f"syncjob rank {args.rank}: step {step}: wrong allreduce result: {recv[0]} "
                       f"(want {total * ((step - 1) % PATTERNS + 1)})", file=sys.stderr, flush=True)
                 return 4
-            log.write(f"{args.rank},{step},{t_end},{(t_end - t_step) / 1e6:.3f},{(c1 - c0) / 1e6:.3f}\n")
+            log.write(f"{args.rank},{step},{t_end},{(t_end - t_step) / 1e6:.3f},{(c1 - c0) / 1e6:.3f},"
+                      f"{(t_end - c0) / 1e6:.3f}\n")
             log.flush()
             t_step = t_end
             if recv[COUNT - 1] > 0:  # some rank voted to stop: everyone stops after this step
