@@ -321,3 +321,18 @@ def test_a_few_clean_bins_before_an_episode_are_no_baseline():
     assert early["gpu-node-01"].recent == ((3 * 10**9, (n - 1) * 10**9),)     # its last bin is the job's end
     later = windows(6, n)             # bins 1 to 5
     assert later["gpu-node-01"].baseline == ((10**9, 6 * 10**9),)
+
+
+def test_an_episode_the_job_did_not_slow_down_for_is_no_straggler():
+    """A short shuffle of who waits least (every GPU slowing at once, say) can make a segment of one rank
+    waiting less while the job runs as fast as around it: measured against that clean time, a slowdown
+    under MIN_SLOWDOWN is no straggle episode. Without clean time, the estimate from the waits stands."""
+    from straggler.analysis.explain import timeline
+    e = timeline.Episode(node="gpu-node-02", keys=[], start=5, end=10)
+
+    def judged(slowdown, estimated=False):
+        return timeline.Judged(episode=e, analysis=None, nodes=[], recent_bins=[], slowdown=slowdown,
+                               slowdown_estimated=estimated)
+    assert not judged(1.0).drags_the_job() and not judged(1.03).drags_the_job()
+    assert judged(timeline.MIN_SLOWDOWN).drags_the_job() and judged(1.5).drags_the_job()
+    assert judged(1.0, estimated=True).drags_the_job()

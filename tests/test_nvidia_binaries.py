@@ -172,7 +172,7 @@ def test_nccl_from_its_wheel_with_each_calls_arguments(traced):
         assert len(details) == times
         for detail in details:
             assert {k: detail.get(k) for k in args} == args, (op, detail)
-            assert detail["comm"] == output["comm"] != "0x0" and detail["why"] == ["error"]
+            assert detail["comm"] == output["comm"] != "0x0" and own_reasons(detail) == ["error"]
             assert not {"op", "root", "peer"} - set(args) & set(detail), (op, detail)   # only what the call has
     sizes = dict(query(traced["db"], "SELECT op, MIN(bytes) FROM events WHERE pid = ? GROUP BY op", (pid,)))
     assert sizes["ncclAllReduce"] == 4000 and sizes["ncclReduce"] == 128 and sizes["ncclSend"] == 64
@@ -187,11 +187,22 @@ def test_nccl_communicator_set_up_is_recorded_with_its_arguments(traced):
                                "'ncclCommSplit') ORDER BY ts", (pid,))
     assert [(op, ret) for op, ret, _ in rows] == [("ncclCommInitRank", 1), ("ncclCommInitRank", 1), ("ncclCommSplit", 1)]
     init, init_config, split = (json.loads(d) for _, _, d in rows)
+    assert [own_reasons(d) for d in (init, init_config, split)] == [["error", "setup"]] * 3
     magic = f"0x{SETUP['id']:016x}"
-    assert init == {"nranks": 4, "rank": 2, "id": magic, "comm": "0x0", "why": ["error", "setup"]}
-    assert init_config == {"nranks": 4, "rank": 3, "id": magic, "comm": "0x0", "symbol": "ncclCommInitRankConfig",
-                           "why": ["error", "setup"]}
-    assert split == {"color": 1, "key": 7, "parent": output["comm"], "comm": "0x0", "why": ["error", "setup"]}
+    assert without_why(init) == {"nranks": 4, "rank": 2, "id": magic, "comm": "0x0"}
+    assert without_why(init_config) == {"nranks": 4, "rank": 3, "id": magic, "comm": "0x0",
+                                        "symbol": "ncclCommInitRankConfig"}
+    assert without_why(split) == {"color": 1, "key": 7, "parent": output["comm"], "comm": "0x0"}
+
+
+def own_reasons(detail):
+    """Why a call got a row, less what the machine's load decides: a call that failed at once may still be
+    preempted on a busy machine, and is then recorded as off-CPU or slow too."""
+    return [w for w in detail["why"] if w not in ("offcpu", "slow")]
+
+
+def without_why(detail):
+    return {k: v for k, v in detail.items() if k != "why"}
 
 
 def _nvcc_case(traced, kind):

@@ -194,7 +194,10 @@ def _episodes(runner, opts, report, callers, span_rows, cut=None):
         analysis.verdict.stragglers = [s for s in analysis.verdict.stragglers if s["rank"].key[0] in overlapping]
         if not any(s["rank"].key[0] == e.node for s in analysis.verdict.stragglers):
             continue                   # the model over the episode's own time does not confirm it
-        judged.append(timeline.judge(series, e, found, analysis))
+        j = timeline.judge(series, e, found, analysis)
+        if not j.drags_the_job():
+            continue                   # the job ran as fast as around it: nobody waited for this rank
+        judged.append(j)
         if len(judged) >= MAX_EPISODES_JUDGED:
             break
     device = _device_evidence(runner, opts, series, found, judged, span_rows) if series else None

@@ -18,6 +18,7 @@ MAX_SERIES_ROWS = 400_000      # rows the series query may return: bins grow on 
 HELPERS_PER_RANK = 4           # the series rows per rank and bin it budgets for (its calling thread and helpers)
 NEIGHBOURHOOD_S = 600.0        # a rank's clean time judged against an episode lies within this of it
 MERGE_BINS = 2                 # runs of one node's ranks this close are one episode
+MIN_SLOWDOWN = 1.05            # an episode's job step time over the clean time around it, at least
 MIN_CLEAN_BINS = 3             # clean time around an episode its slowdown and its causes are measured against
 WAIT_DEF_BINS = 300             # bins per rank that say where the job waits (job_wait_def)
 BIN_CYCLE = 4                  # an intermittent fault's on-bins are judged apart when its period is this many bins
@@ -405,6 +406,13 @@ class Judged:
     slowdown_estimated: bool = False   # no clean time around it: from the waiters' wait instead
     lost_s: float = 0.0            # the job's time lost to it
     findings: list = field(default_factory=list)
+
+    def drags_the_job(self):
+        """Whether the job was slower for it: a rank everyone waits for costs the job its gap (at min_gap,
+        x1.18). Measured against the clean time around it, a slowdown under MIN_SLOWDOWN says the job ran
+        as fast as without it — a short shuffle of who waits least (as when every GPU slows at once), not a
+        straggler. Estimated from the waits alone (no clean time), it is taken as it is."""
+        return self.slowdown_estimated or self.slowdown is None or self.slowdown >= MIN_SLOWDOWN
 
 
 def judge(series, episode, all_episodes, analysis):
