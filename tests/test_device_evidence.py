@@ -70,3 +70,18 @@ def test_a_store_without_device_samples_explains_as_before(tmp_path):
     report = explain.explain_db(path)
     assert report.straggler is None                     # enqueue: the calls alone cannot tell whose GPU
     assert not [f for f in report.findings if f.cause in ("gpu-throttled", "gpu-link", "gpu-errors")]
+
+
+def test_a_gpus_word_is_read_in_the_stretch_where_it_said_it():
+    """A job-slow run can bridge two slowdowns a few seconds apart; the GPU throttled in the first (and,
+    like every GPU, in the second) is named over its first stretch of evidence only. Runs of evidence a
+    bin or two apart are one stretch; an Xid holds to the slow run's end."""
+    from straggler.analysis.explain import devices, episodes as ep
+    slow = ep.Run(start=9, end=46, bins=37, mean_gap=0.3)
+    two = devices.within([(10, 24, "gpu-throttled"), (32, 46, "gpu-throttled")], slow)
+    assert (two.start, two.end) == (10, 24)
+    flicker = devices.within([(10, 14, "gpu-throttled"), (16, 20, "gpu-throttled"), (21, 24, "gpu-throttled")], slow)
+    assert (flicker.start, flicker.end) == (10, 24)
+    xid = devices.within([(12, 13, "gpu-errors"), (30, 31, "gpu-throttled")], slow)
+    assert (xid.start, xid.end) == (12, 46)
+    assert devices.within([(50, 55, "gpu-throttled")], slow) is None

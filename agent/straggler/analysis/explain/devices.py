@@ -318,14 +318,23 @@ def alike_runs(per_gpu, slow_run, total):
 
 def within(gpu_runs, slow_run):
     """The part of a job-slow run (episodes.Run) in which the GPU itself said something: from its first
-    run of evidence inside it (an error: from the error on) to the slow run's end, or to the evidence's
-    end when it stopped before — an episodes.Run, or None when it said nothing there."""
+    run of evidence inside it (an error: from the error on) to the slow run's end, or to where that
+    stretch of evidence ends when it stopped before — an episodes.Run, or None when it said nothing
+    there. A stretch is the GPU's runs of evidence at most MERGE_BINS apart (as a node's ranks are
+    joined): a job-slow run can bridge two slowdowns a few seconds apart, and the GPU's word in the first
+    says nothing of the second (every GPU throttled alike there, say)."""
     from . import episodes as ep
-    inside = [(s, e, k) for s, e, k in gpu_runs if s < slow_run.end and e > slow_run.start]
+    from .timeline import MERGE_BINS
+    inside = sorted((s, e, k) for s, e, k in gpu_runs if s < slow_run.end and e > slow_run.start)
     if not inside:
         return None
-    start = max(slow_run.start, inside[0][0])
-    end = slow_run.end if any(k == "gpu-errors" for _, _, k in inside) else min(slow_run.end, max(e for _, e, _ in inside))
+    first, last, kinds = inside[0][0], inside[0][1], {inside[0][2]}
+    for s, e, k in inside[1:]:
+        if s - last > MERGE_BINS:
+            break
+        last, kinds = max(last, e), kinds | {k}
+    start = max(slow_run.start, first)
+    end = slow_run.end if "gpu-errors" in kinds else min(slow_run.end, last)
     if end <= start:
         return None
     return ep.Run(start=start, end=end, bins=end - start, mean_gap=slow_run.mean_gap, on_runs=[(start, end)])
