@@ -153,3 +153,42 @@ def test_sizes_are_read_with_suffixes(text, expected):
 def test_a_nonsense_size_is_an_error():
     with pytest.raises(StragglerError):
         parse_size("lots")
+
+
+def thread_row(ts, coll_ns, calls=100, pid=42, tid=42):
+    """A thread_time row (writer.TABLE_INSERTS order): a 1-s summary of the calling thread."""
+    return ("n", ts, INTERVAL, pid, tid, 0, "trainer", calls, 100_000_000, 0, coll_ns, 0, 0, 0, 0, 0, 0, None)
+
+
+def test_each_minute_is_rolled_up_as_it_closes_with_its_spread_and_across_a_restart(tmp_path):
+    """thread_rollup (what explain reads a long trace by): a minute's sums are its summaries', its spread
+    the least and most its 10-s parts waited; the minute still being written is not rolled up, and an
+    agent that restarts rolls up from where the last one stopped."""
+    db = str(tmp_path / "s.db")
+    minute = 60 * INTERVAL
+    base = 10 * minute                           # minute 10 of the node's clock
+    writer = StoreWriter(db, "n")
+    writer.start()
+    for s in range(90):                          # 90 s: minute 10 whole, half of minute 11
+        # waits 30 % of each second, but only 5 % in seconds 20-29 of the first minute (a 10-s straggle)
+        writer.submit("thread_time", [thread_row(base + s * INTERVAL, 50_000_000 if 20 <= s < 30 else 300_000_000)])
+        writer.roll_up(base + (s + 1) * INTERVAL)
+    assert writer.flush()
+    writer.stop()
+    rows = query(db, "SELECT ts, summaries, calls, coll_ns, wait_lo_blocking, wait_hi_blocking, first_ts, last_ts "
+                     "FROM thread_rollup ORDER BY ts")
+    assert len(rows) == 1, rows                  # minute 11 is still being written
+    ts, summaries, calls, coll, lo, hi, first, last = rows[0]
+    assert ts == base and summaries == 60 and calls == 6000 and coll == 50 * 300_000_000 + 10 * 50_000_000
+    assert lo == pytest.approx(0.05) and hi == pytest.approx(0.30)
+    assert (first, last) == (base, base + minute)
+    writer = StoreWriter(db, "n")                # restarted two minutes later, in minute 13
+    writer.start()
+    for s in range(210, 245):
+        writer.submit("thread_time", [thread_row(base + s * INTERVAL, 300_000_000)])
+        writer.roll_up(base + (s + 1) * INTERVAL)
+    assert writer.flush()
+    writer.stop()
+    rows = query(db, "SELECT ts, summaries, wait_lo_blocking FROM thread_rollup ORDER BY ts")
+    assert rows == [(base, 60, pytest.approx(0.05)), (base + minute, 30, pytest.approx(0.30)),
+                    (base + 3 * minute, 30, pytest.approx(0.30))]

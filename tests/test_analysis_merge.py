@@ -246,3 +246,20 @@ def test_the_device_tables_of_every_node_are_merged(tmp_path):
     assert _count(out, "SELECT node, pid, gpu FROM gpu_processes ORDER BY node") == [("gpu-node-01", 42, 1),
                                                                                    ("gpu-node-02", 42, 1)]
     assert _count(out, "SELECT node, xid FROM gpu_errors ORDER BY node") == [("gpu-node-01", 79), ("gpu-node-02", 79)]
+
+
+def test_the_merged_rollups_are_made_from_the_rows_merged_never_copied(tmp_path):
+    """thread_rollup (what explain reads a long trace by) in a cluster.db is rolled up from the
+    thread_time merged into it: an input's own roll-ups, crafted or stale, never reach explain."""
+    from straggler_lab import series
+    facts = series.write_nodes(str(tmp_path / "nodes"), series.SeriesSpec(nodes=2, seconds=300))
+    paths = [f["path"] for f in facts["files"]]
+    conn = sqlite3.connect(paths[0])
+    conn.execute("UPDATE thread_rollup SET calls = calls * 1000, wait_lo_blocking = -5")
+    conn.commit()
+    conn.close()
+    out = str(tmp_path / "cluster.db")
+    merge(paths, out)
+    by_minute = ("SELECT node, ts / 60000000000 AS m, SUM(calls), SUM(coll_ns) FROM {} GROUP BY node, m ORDER BY node, m")
+    assert _count(out, by_minute.format("thread_rollup")) == _count(out, by_minute.format("thread_time"))
+    assert _count(out, "SELECT COUNT(DISTINCT node), MIN(wait_lo_blocking) >= 0 FROM thread_rollup") == [(2, 1)]

@@ -438,6 +438,7 @@ class Agent:
         Its own CPU (this thread's) is added up in meta agent_summary_cpu_ns, for status and bench."""
         started = time.thread_time_ns()   # the loop drained the ring buffers just before
         self.writer.submit("thread_time", self._thread_time_rows(summary_start, self.opts.summary_ns))
+        self.writer.roll_up(summary_start + self.opts.summary_ns)     # each minute's thread_rollup, as it closes
         self.summary_cpu_ns += time.thread_time_ns() - started
 
     def _thread_time_rows(self, interval_start, length):

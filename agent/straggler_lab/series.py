@@ -17,7 +17,7 @@ import random
 import sqlite3
 from dataclasses import dataclass, field
 
-from straggler.store import schema
+from straggler.store import rollup, schema
 
 from .synth import REFERENCE_T0_NS
 
@@ -240,9 +240,10 @@ def _gpu_tables(conn, spec):
                      "message) VALUES (?,?,?,?,?,?,?,?,?,?,?)", errors)
 
 
-def write_cluster(path, spec):
+def write_cluster(path, spec, rollups=True):
     """One cluster database (every node, clocks already aligned: each node's pairs map its monotonic
-    clock to the same timeline) at `path`; returns its facts (nodes, the faults' true windows)."""
+    clock to the same timeline) at `path`, with its roll-ups as merge makes them (rollups=False: as
+    a store older than them); returns its facts (nodes, the faults' true windows)."""
     if os.path.exists(path):
         os.unlink(path)
     conn = sqlite3.connect(path)
@@ -267,6 +268,9 @@ def write_cluster(path, spec):
                 _gpu_tables(conn, spec)
             conn.execute("INSERT OR REPLACE INTO meta VALUES ('synthetic', 'series')")
         schema.create(conn)       # the index again, after the bulk load
+        if rollups:
+            with conn:
+                rollup.rebuild(conn)      # as merge does
     finally:
         conn.close()
     return facts(spec)
@@ -292,12 +296,13 @@ def write_nodes(out_dir, spec):
             if os.path.exists(path):
                 os.unlink(path)
             conns[i] = sqlite3.connect(path)
-            schema.create(conns[i])
+            schema.create(conns[i], node=spec.node_name(i))
         insert = f"INSERT INTO thread_time({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
         for node, rows in generate(spec):
             conns[node].executemany(insert, rows)
         for i, conn in conns.items():
             _side_tables(conn, spec, [i], merged=False)
+            rollup.rebuild(conn)
             conn.execute("INSERT OR REPLACE INTO meta VALUES ('synthetic', 'series')")
             conn.commit()
     finally:

@@ -10,8 +10,9 @@ This module must not import anything else from straggler.
 """
 import sqlite3
 
-SCHEMA_VERSION = 3   # 2: thread_time (the step-time model's per-thread summaries); 3: gpus, gpu_samples,
-                     # gpu_processes, gpu_errors (the devices' own word: NVML and the kernel's Xid errors)
+SCHEMA_VERSION = 4   # 2: thread_time (the step-time model's per-thread summaries); 3: gpus, gpu_samples,
+                     # gpu_processes, gpu_errors (the devices' own word: NVML and the kernel's Xid errors);
+                     # 4: thread_rollup (thread_time per minute, with its spread: explain over long traces)
 
 DDL = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -103,6 +104,45 @@ CREATE TABLE IF NOT EXISTS thread_time (
 CREATE INDEX IF NOT EXISTS thread_time_ts ON thread_time(ts);
 -- one rank's summaries over a time (explain's windows: a few ranks' minutes out of hours of many ranks)
 CREATE INDEX IF NOT EXISTS thread_time_node_pid_ts ON thread_time(node, pid, ts);
+
+-- thread_time per thread per minute of the node's clock (ts: the minute's start, a multiple of
+-- interval_ns), written by the agent as each minute closes and by merge for the whole trace
+-- (straggler.store.rollup): explain reads a long trace here first and thread_time only where it
+-- changes. The sums are thread_time's over the minute; the spread is over its 10-s parts:
+--   summaries, summary_ns            how many summaries it sums, and their interval
+--   first_ts, last_ts                the first one's start, the last one's end
+--   wait_lo_*, wait_hi_*             the least and most share of a 10-s part the thread waited in
+--                                    collectives and blocked (blocking) or also in synchronize (enqueue)
+--   rate_lo                          the fewest calls per second of a 10-s part
+CREATE TABLE IF NOT EXISTS thread_rollup (
+    node         TEXT    NOT NULL,
+    ts           INTEGER NOT NULL,
+    interval_ns  INTEGER NOT NULL,
+    pid          INTEGER NOT NULL,
+    tid          INTEGER NOT NULL,
+    rank         INTEGER,
+    comm         TEXT,
+    calls        INTEGER NOT NULL DEFAULT 0,
+    work_ns      INTEGER NOT NULL DEFAULT 0,
+    sync_ns      INTEGER NOT NULL DEFAULT 0,
+    coll_ns      INTEGER NOT NULL DEFAULT 0,
+    runq_ns      INTEGER NOT NULL DEFAULT 0,
+    runq_work_ns INTEGER NOT NULL DEFAULT 0,
+    runq_sync_ns INTEGER NOT NULL DEFAULT 0,
+    runq_coll_ns INTEGER NOT NULL DEFAULT 0,
+    blocked_ns   INTEGER NOT NULL DEFAULT 0,
+    io_ns        INTEGER NOT NULL DEFAULT 0,
+    summaries    INTEGER NOT NULL DEFAULT 0,
+    summary_ns   INTEGER,
+    first_ts     INTEGER,
+    last_ts      INTEGER,
+    wait_lo_blocking REAL,
+    wait_hi_blocking REAL,
+    wait_lo_enqueue  REAL,
+    wait_hi_enqueue  REAL,
+    rate_lo      REAL
+);
+CREATE INDEX IF NOT EXISTS thread_rollup_ts ON thread_rollup(ts);
 
 -- The GPUs NVIDIA's management library (NVML) shows on the node, one row per GPU (index and UUID).
 -- Only written when the agent reads the devices (see meta devices_state); docs/devices.md.

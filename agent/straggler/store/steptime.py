@@ -23,6 +23,11 @@ from dataclasses import dataclass, field
 
 COMPONENTS = ("work", "sync", "coll", "runq", "io", "blocked", "host")
 WAIT_DEFS = {"blocking": ("coll", "blocked"), "enqueue": ("coll", "blocked", "sync")}
+# the components inside calls: their thread_time column, less the part of it spent in the run queue
+IN_CALLS = {"work": ("work_ns", "runq_work_ns"), "sync": ("sync_ns", "runq_sync_ns"), "coll": ("coll_ns", "runq_coll_ns")}
+OUTSIDE = {"runq": "runq_ns", "io": "io_ns", "blocked": "blocked_ns"}
+(_WORK, _RUNQ_WORK), (_SYNC, _RUNQ_SYNC), (_COLL, _RUNQ_COLL) = IN_CALLS["work"], IN_CALLS["sync"], IN_CALLS["coll"]
+_RUNQ, _IO, _BLOCKED = OUTSIDE["runq"], OUTSIDE["io"], OUTSIDE["blocked"]
 
 
 @dataclass
@@ -47,14 +52,22 @@ class RankTime:
 
 def thread_components(t, wall_ns):
     """Exclusive components (ns) of one thread's thread_time sums over a window of wall_ns."""
-    work = max(0, t.get("work_ns", 0) - t.get("runq_work_ns", 0))
-    sync = max(0, t.get("sync_ns", 0) - t.get("runq_sync_ns", 0))
-    coll = max(0, t.get("coll_ns", 0) - t.get("runq_coll_ns", 0))
-    runq = t.get("runq_ns", 0)
-    io = t.get("io_ns", 0)
-    blocked = t.get("blocked_ns", 0)
+    g = t.get
+    work = max(0, g(_WORK, 0) - g(_RUNQ_WORK, 0))
+    sync = max(0, g(_SYNC, 0) - g(_RUNQ_SYNC, 0))
+    coll = max(0, g(_COLL, 0) - g(_RUNQ_COLL, 0))
+    runq, io, blocked = g(_RUNQ, 0), g(_IO, 0), g(_BLOCKED, 0)
     host = max(0, wall_ns - (work + sync + coll + runq + io + blocked))
     return dict(work=work, sync=sync, coll=coll, runq=runq, io=io, blocked=blocked, host=host)
+
+
+def wait_share_sql(wait_def, wall="SUM(interval_ns)"):
+    """The calling thread's wait for its peers under `wait_def`, as a share of its wall time, in SQL over
+    thread_time sums (thread_components' rule, before its helpers' run queue is moved out of it: what
+    one thread's rows say alone)."""
+    terms = [f"MAX(0, SUM({IN_CALLS[c][0]}) - SUM({IN_CALLS[c][1]}))" if c in IN_CALLS else f"SUM({OUTSIDE[c]})"
+             for c in WAIT_DEFS[wait_def]]
+    return f"CAST({' + '.join(terms)} AS REAL) / MAX(1, {wall})"
 
 
 def calling_thread(threads):

@@ -19,7 +19,7 @@ import time
 from collections import deque
 
 from ..errors import StragglerError
-from . import schema
+from . import rollup, schema
 
 EVENT_INSERT = (
     "INSERT INTO events(seq, node, rank, local_rank, source, op, pid, tid, comm, ts, duration, ret, bytes, "
@@ -49,7 +49,8 @@ TABLE_INSERTS = {
                   "compute_instance, origin, kmsg_seq, message) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 }
 # tables cut by retention, with their time column
-RETAINED = (("events", "ts"), ("aggregates", "ts"), ("thread_time", "ts"), ("lost_events", "ts"), ("agent_cost", "ts"),
+RETAINED = (("events", "ts"), ("aggregates", "ts"), ("thread_time", "ts"), ("thread_rollup", "ts"), ("lost_events", "ts"),
+            ("agent_cost", "ts"),
             ("clock_pairs", "mono_ns"), ("gpu_samples", "ts"), ("gpu_errors", "ts"))
 MIN_MAX_DB = 1 << 20
 
@@ -120,6 +121,7 @@ class StoreWriter:
             self.conn.execute(f"PRAGMA wal_autocheckpoint = {max(16, self.wal_budget // page_size // 2)}")
             self.conn.execute(f"PRAGMA journal_size_limit = {self.wal_budget}")
         self.next_seq = self._first_free_seq()
+        self.rolled_until = rollup.rolled_until(self.conn)   # None: from the minute the agent starts in
         self._queue = deque()
         self._queued_events = 0
         self._cond = threading.Condition()
@@ -157,6 +159,12 @@ class StoreWriter:
         if rows:
             with self._cond:
                 self._queue.append((table, rows))
+
+    def roll_up(self, upto_ns):
+        """Roll up thread_time's minutes that closed before upto_ns (store.rollup), after the rows
+        queued so far."""
+        with self._cond:
+            self._queue.append(("rollup", int(upto_ns)))
 
     def set_meta(self, key, value):
         with self._cond:
@@ -243,6 +251,9 @@ class StoreWriter:
                         conn.executemany(TABLE_INSERTS[kind], payload)
                     elif kind == "meta":
                         conn.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", payload)
+                    elif kind == "rollup":
+                        if payload // rollup.ROLLUP_NS * rollup.ROLLUP_NS > (self.rolled_until or 0):
+                            self.rolled_until = rollup.roll(conn, node, payload, self.rolled_until)
                     elif kind == "clear_probes":
                         conn.execute("DELETE FROM probes WHERE node = ?", (node,))
                     elif kind == "barrier":

@@ -23,7 +23,7 @@ import time
 import urllib.parse
 
 from ... import clock
-from ...store import schema
+from ...store import rollup, schema
 from ...text import one_line, sql_ident, sql_quote
 from . import vetting
 from .errors import MergeError
@@ -242,6 +242,8 @@ def write_merged(inputs, plans, offsets, output, out_dir, deadline, only_if_chan
             raise MergeError(f"events of node {dup[0] if dup else '?'} appear in two inputs; rename one with "
                              f"--rename NODE=NEW or --auto-rename")
         schema.create(conn)                            # the standard indexes, IF NOT EXISTS
+        deadline.where = f"rolling up {output}"
+        rollup.rebuild(conn)                           # from the rows copied (an input's own are never read)
         node_names = [n for plan in plans for n in plan.values()]
         summary["nodes"] = node_names
         conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('nodes', ?)", (json.dumps(node_names),))
