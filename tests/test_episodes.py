@@ -336,3 +336,41 @@ def test_an_episode_the_job_did_not_slow_down_for_is_no_straggler():
     assert not judged(1.0).drags_the_job() and not judged(1.03).drags_the_job()
     assert judged(timeline.MIN_SLOWDOWN).drags_the_job() and judged(1.5).drags_the_job()
     assert judged(1.0, estimated=True).drags_the_job()
+
+
+# ---------------------------------------------------------------- a long trace: read through its roll-ups
+
+LONG = dict(nodes=8, ranks_per_node=4, seconds=7200)      # 32 ranks x 2 h: too long to read whole at 1 s
+
+
+@pytest.mark.slow
+def test_a_long_trace_is_read_through_its_rollups_and_keeps_one_second_episodes(tmp_path):
+    """Two hours of 32 ranks: read whole at its summaries' interval it would pass the series' budget (its
+    bins would widen); its roll-ups say which minutes changed, and those are read at 1 s. A 14-s hog in
+    the trace's last minutes and a hog 1 s on / 1 s off in its middle are each named on their node, to
+    the second, the second one intermittent; without roll-ups (an older store) the same trace is read
+    at wider bins."""
+    faults = [series.Fault(node=6, start_s=6900, end_s=6914, kind="cpu", slow=2.5),
+              series.Fault(node=2, start_s=3000, end_s=3030, kind="cpu", slow=1.6, on_s=1, off_s=1)]
+    report, facts = explained(tmp_path, faults, **LONG)
+    assert report.timeline["bin_s"] == 1.0 and report.timeline["rollup"]["stretches"], report.timeline
+    by_node = {e["node"]: e for e in report.episodes}
+    assert set(by_node) == {"gpu-node-07", "gpu-node-03"}, report.episodes
+    late, blinking = by_node["gpu-node-07"], by_node["gpu-node-03"]
+    assert abs(late["start_ns"] - facts["faults"][0]["start_ns"]) <= 2 * S
+    assert abs(late["end_ns"] - facts["faults"][0]["end_ns"]) <= 2 * S
+    assert abs(blinking["start_ns"] - facts["faults"][1]["start_ns"]) <= 2 * S and blinking["intermittent"]
+    assert cause_of(report, "gpu-node-07") == "cpu-contention"
+    assert [c["cause"] for c in blinking["causes"]][:1] == ["cpu-contention"]
+    older = str(tmp_path / "older.db")
+    series.write_cluster(older, series.SeriesSpec(faults=faults, **LONG), rollups=False)
+    report = explain.explain_db(older)
+    assert report.timeline is None or (report.timeline["bin_s"] > 1.0 and "rollup" not in report.timeline)
+
+
+@pytest.mark.slow
+def test_a_long_clean_trace_names_nobody(tmp_path):
+    """Two hours of 32 ranks with noise and no fault: no minute the roll-ups point to holds an episode,
+    and the report names nobody."""
+    report, _ = explained(tmp_path, [], noise=0.05, **LONG)
+    assert report.straggler is None and not report.episodes, report.episodes

@@ -281,10 +281,14 @@ class ReadQuery:
     more existed). The deadline is the watchdog's (pause() while the rows wait for a reader, then
     resume()). Raises QueryRejected, QueryTimeout, QueryOverMemory, QueryError and
     DatabaseUnavailable. `any_thread`: the rows may be fetched from other threads than start()'s,
-    one at a time. Always close()."""
+    one at a time. `batch`: rows SQLite hands over at once (1 for answers streamed to a client, whose
+    memory is counted row by row; more for a reader in this process that keeps every row anyway,
+    explain). Always close()."""
 
     def __init__(self, db_path, sql, limit=DEFAULT_LIMIT, timeout_s=DEFAULT_TIMEOUT_S, params=None,
-                 max_value_bytes=None, any_thread=False):
+                 max_value_bytes=None, any_thread=False, batch=1):
+        self.batch = max(1, int(batch))
+        self._buffer = []
         if not isinstance(sql, str) or not sql.strip():
             raise QueryRejected("empty SQL; send one SELECT statement")
         if "\x00" in sql:
@@ -323,18 +327,21 @@ class ReadQuery:
     def next_row(self):
         if self.cursor is None or self.truncated_reason is not None:
             return None
-        with self._errors():
-            if self.taken >= self.limit:
-                if self.cursor.fetchone() is not None:
+        if self.taken >= self.limit:
+            with self._errors():
+                if self._buffer or self.cursor.fetchone() is not None:
                     self.truncated_reason = "limit"
-                self.cursor = None
-                return None
-            row = self.cursor.fetchone()
-        if row is None:
-            self.cursor = None
+            self.cursor, self._buffer = None, []
             return None
+        if not self._buffer:
+            with self._errors():
+                self._buffer = self.cursor.fetchmany(self.batch) if self.batch > 1 else [self.cursor.fetchone()]
+            if not self._buffer or self._buffer[0] is None:
+                self.cursor, self._buffer = None, []
+                return None
+            self._buffer.reverse()
         self.taken += 1
-        return row
+        return self._buffer.pop()
 
     def pause(self):
         if self.watch is not None:
@@ -569,7 +576,7 @@ class JsonAnswer:
 
 
 def run_query(db_path, sql, limit=DEFAULT_LIMIT, timeout_s=DEFAULT_TIMEOUT_S, params=None, max_bytes=None,
-              into=None) -> QueryResult:
+              into=None, batch=1) -> QueryResult:
     """Run one read-only SQL statement; at most `limit` rows and about `max_bytes` of rows as JSON
     (truncated=True and truncated_reason "limit" or "bytes" when more existed).
 
@@ -577,7 +584,7 @@ def run_query(db_path, sql, limit=DEFAULT_LIMIT, timeout_s=DEFAULT_TIMEOUT_S, pa
     With `into` (a JsonAnswer), the rows are encoded into it as they are fetched and the result
     holds no rows. Raises QueryRejected (not a single read-only statement), QueryTimeout (ran
     past timeout_s), QueryOverMemory, QueryError (SQLite refused it: syntax, unknown table, too
-    big, …) and DatabaseUnavailable.
+    big, …) and DatabaseUnavailable. `batch`: ReadQuery's.
     """
     if max_bytes is not None:
         max_bytes = int(max_bytes)
@@ -586,7 +593,7 @@ def run_query(db_path, sql, limit=DEFAULT_LIMIT, timeout_s=DEFAULT_TIMEOUT_S, pa
     elif into is not None:
         max_bytes = into.max_bytes
     query = ReadQuery(db_path, sql, limit=limit, timeout_s=timeout_s, params=params,
-                      max_value_bytes=value_limit(max_bytes) if max_bytes is not None else None)
+                      max_value_bytes=value_limit(max_bytes) if max_bytes is not None else None, batch=batch)
     sink = into if into is not None else _RowCollector(max_bytes)
     try:
         sink.start(query.start())

@@ -11,6 +11,7 @@ from .steptime import wait_share_sql
 
 ROLLUP_NS = 60_000_000_000
 PART_NS = 10_000_000_000
+REBUILD_NS = 10 * ROLLUP_NS     # rebuild() rolls this much of the clocks at a time
 META_KEY = "rollup_until"        # the agent's store: thread_time before this ts (ns) is rolled up
 
 SUMS = ("calls", "work_ns", "sync_ns", "coll_ns", "runq_ns", "runq_work_ns", "runq_sync_ns", "runq_coll_ns",
@@ -47,7 +48,7 @@ def roll(conn, node, upto_ns, since_ns=None):
     start = end - ROLLUP_NS if since_ns is None else int(since_ns) // ROLLUP_NS * ROLLUP_NS
     if end <= start:
         return start
-    conn.execute(roll_sql(f"node = ? AND ts >= {start} AND ts < {end}"), (node,))
+    conn.execute(roll_sql(f"ts >= {start} AND ts < {end} AND +node = ?"), (node,))   # by the ts index
     conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (META_KEY, str(end)))
     return end
 
@@ -60,7 +61,13 @@ def rolled_until(conn):
 
 def rebuild(conn):
     """Every roll-up afresh from all of thread_time (a merged or generated store: complete, so every
-    minute is rolled, the last one as far as it goes). Runs in the caller's transaction."""
+    minute is rolled, the last one as far as it goes), REBUILD_NS of the nodes' clocks at a time by the
+    ts index (a bounded sort each, skipping the empty time between nodes booted weeks apart). Runs in the
+    caller's transaction."""
     conn.execute("DELETE FROM thread_rollup")
-    conn.execute(roll_sql())
     conn.execute("DELETE FROM meta WHERE key = ?", (META_KEY,))
+    at = conn.execute("SELECT MIN(ts) FROM thread_time").fetchone()[0]
+    while at is not None:
+        start = int(at) // REBUILD_NS * REBUILD_NS
+        conn.execute(roll_sql(f"ts >= {start} AND ts < {start + REBUILD_NS}"))
+        at = conn.execute("SELECT MIN(ts) FROM thread_time WHERE ts >= ?", (start + REBUILD_NS,)).fetchone()[0]

@@ -61,11 +61,11 @@ def thread_components(t, wall_ns):
     return dict(work=work, sync=sync, coll=coll, runq=runq, io=io, blocked=blocked, host=host)
 
 
-def wait_share_sql(wait_def, wall="SUM(interval_ns)"):
+def wait_share_sql(wait_def, wall="SUM(interval_ns)", agg="SUM"):
     """The calling thread's wait for its peers under `wait_def`, as a share of its wall time, in SQL over
-    thread_time sums (thread_components' rule, before its helpers' run queue is moved out of it: what
-    one thread's rows say alone)."""
-    terms = [f"MAX(0, SUM({IN_CALLS[c][0]}) - SUM({IN_CALLS[c][1]}))" if c in IN_CALLS else f"SUM({OUTSIDE[c]})"
+    thread_time's columns summed by `agg` ('' for one row's) (thread_components' rule, before its
+    helpers' run queue is moved out of it: what one thread's rows say alone)."""
+    terms = [f"MAX(0, {agg}({IN_CALLS[c][0]}) - {agg}({IN_CALLS[c][1]}))" if c in IN_CALLS else f"{agg}({OUTSIDE[c]})"
              for c in WAIT_DEFS[wait_def]]
     return f"CAST({' + '.join(terms)} AS REAL) / MAX(1, {wall})"
 

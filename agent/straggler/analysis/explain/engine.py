@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 from ...errors import UsageError
 from ...store.steptime import rank_time
-from . import devices, episodes, findings, model, span, sql, timeline
+from . import coarse, devices, episodes, findings, model, span, sql, timeline
 from .findings import CAUSE_CLASSES
 from .report import SEVERITY_ORDER, Report
 from .runners import ConnRunner, DbRunner, FleetRunner
@@ -133,12 +133,19 @@ def explain(runner, opts, source):
         emit(report, analysis)
         report.nodes = rank_rows(analysis)
     else:
-        spans_sql = sql.callers(cut)
-        callers = runner.rows(spans_sql)
-        span_rows = _spans_of_callers(callers, opts.min_calls)
-        _check_span(cut, span_rows, runner)
-        report.missing = _missing(runner, span_rows, world)
-        analysis = _episodes(runner, opts, report, callers, span_rows, cut)
+        plan = _long_trace(runner, opts, cut)
+        if plan is not None:           # a long trace: its roll-ups say where to look (coarse.py)
+            spans_sql = plan.callers_sql
+            span_rows = _spans_of_callers(plan.caller_rows, opts.min_calls)
+            report.missing = _missing(runner, span_rows, world)
+            analysis = _episodes_long(runner, opts, report, plan, span_rows)
+        else:
+            spans_sql = sql.callers(cut)
+            callers = runner.rows(spans_sql)
+            span_rows = _spans_of_callers(callers, opts.min_calls)
+            _check_span(cut, span_rows, runner)
+            report.missing = _missing(runner, span_rows, world)
+            analysis = _episodes(runner, opts, report, callers, span_rows, cut)
     if cut.per_node is not None:
         report.span = cut.to_dict()
         findings.unaligned_cut_finding(report, cut, sql.NODE_CLOCKS)
@@ -177,7 +184,43 @@ def _spans_of_callers(callers, min_calls):
 def _episodes(runner, opts, report, callers, span_rows, cut=None):
     """Find the episodes, judge the costliest in full; the report leads with the one that cost the job
     most. Without any, the whole trace is judged with the fixed cut (a device-wide change, waiters)."""
+    series, judged, device = _judge_stretch(runner, opts, callers, span_rows, cut)
+    if not judged:
+        # no episode in time: the fixed cut over the whole trace (a device-wide change, waiters). On a trace
+        # too short to segment, a straggler it names is reported as that straggler's episode; on a longer
+        # one the segmentation has looked at every stretch of it, and a rank that merely waits a little
+        # less over the whole cut (a job's root rank, a fault's first second) is no straggler
+        analysis = analyse(runner, opts, cut_windows(span_rows, opts, DEFAULT_BASELINE_FRACTION, cut), span_rows)
+        if series is not None and series.n_bins >= SEGMENTED_BINS and analysis.verdict.stragglers:
+            _segmented_rejects(analysis.verdict)
+        if not analysis.verdict.stragglers or series is None:
+            emit(report, analysis)
+            report.nodes = rank_rows(analysis)
+            if device:
+                report.findings.extend(device["warnings"])
+            return analysis
+        j = timeline.judge_window(series, analysis)
+        j.series, j.cut = series, cut
+        judged.append(j)
+    _assemble(report, judged, device["warnings"] if device else [])
+    report.timeline = timeline.timeline_dict(series)
+    return judged[0].analysis
+
+
+def _segmented_rejects(verdict):
+    verdict.rejected = [(s["rank"], "waits less over the trace as a whole, but in no stretch of it long and "
+                                    "clear enough to be a straggle episode") for s in verdict.stragglers]
+    verdict.stragglers = []
+
+
+def _judge_stretch(runner, opts, callers, span_rows, cut, wait_def=None):
+    """One stretch of the trace (all of it, or one a long trace's roll-ups point to: coarse.py) at its
+    summaries' interval: its Series, the episodes the model confirms and that slowed the job (each with
+    its series, cut and device evidence attached), and what its GPUs said (_device_evidence). wait_def:
+    the job's, when its whole trace has told it (a long trace's roll-ups)."""
     series = timeline.build_series(runner, callers, opts, cut)
+    if series is not None and wait_def is not None:
+        series.wait_def = wait_def
     found = timeline.find_episodes(series, opts.episode_options()) if series else []
     judged = []
     for e in found:
@@ -201,38 +244,27 @@ def _episodes(runner, opts, report, callers, span_rows, cut=None):
         if len(judged) >= MAX_EPISODES_JUDGED:
             break
     device = _device_evidence(runner, opts, series, found, judged, span_rows) if series else None
-    if not judged:
-        # no episode in time: the fixed cut over the whole trace (a device-wide change, waiters). On a trace
-        # too short to segment, a straggler it names is reported as that straggler's episode; on a longer
-        # one the segmentation has looked at every stretch of it, and a rank that merely waits a little
-        # less over the whole cut (a job's root rank, a fault's first second) is no straggler
-        analysis = analyse(runner, opts, cut_windows(span_rows, opts, DEFAULT_BASELINE_FRACTION, cut), span_rows)
-        if series is not None and series.n_bins >= SEGMENTED_BINS and analysis.verdict.stragglers:
-            verdict = analysis.verdict
-            verdict.rejected = [(s["rank"], "waits less over the trace as a whole, but in no stretch of it long and "
-                                            "clear enough to be a straggle episode") for s in verdict.stragglers]
-            verdict.stragglers = []
-        if not analysis.verdict.stragglers or series is None:
-            emit(report, analysis)
-            report.nodes = rank_rows(analysis)
-            if device:
-                report.findings.extend(device["warnings"])
-            return analysis
-        judged.append(timeline.judge_window(series, analysis))
+    for j in judged:
+        j.series, j.cut = series, cut
+        j.attach = (device or {}).get("attach", {}).get(id(j), [])
+    return series, judged, device
+
+
+def _assemble(report, judged, warnings):
+    """The report of judged episodes (each with its series and cut): the costliest first, each with
+    its own findings (where its peers waited for it, in its own time; its GPU's word), the report's
+    findings and ranks those of the costliest."""
     judged.sort(key=lambda j: -j.lost_s)
     for j in judged:
-        if j.findings:                 # named by its GPU's own word: its findings are made
-            report.episodes.append(timeline.episode_dict(series, j))
-            continue
-        sub = Report(source=report.source)
-        emit(sub, j.analysis)
-        findings.communicator_finding(sub, j.analysis, cut)      # where its peers waited for it, in its time
-        j.findings = _order(sub.findings)
-        for ev, texts in (device or {}).get("attach", {}).get(id(j), []):
-            findings.add_device_evidence(j.findings, ev, texts)
-        report.episodes.append(timeline.episode_dict(series, j))
-    if device:
-        report.findings.extend(device["warnings"])
+        if not j.findings:             # (named by its GPU's own word: its findings are made)
+            sub = Report(source=report.source)
+            emit(sub, j.analysis)
+            findings.communicator_finding(sub, j.analysis, j.cut)      # where its peers waited for it
+            j.findings = _order(sub.findings)
+            for ev, texts in j.attach:
+                findings.add_device_evidence(j.findings, ev, texts)
+        report.episodes.append(timeline.episode_dict(j.series, j))
+    report.findings.extend(warnings)
     top = judged[0]
     report.findings.extend(top.findings)
     report.nodes = rank_rows(top.analysis)
@@ -242,8 +274,95 @@ def _episodes(runner, opts, report, callers, span_rows, cut=None):
             if node not in report.stragglers:
                 report.stragglers.append(node)
     report.straggler = report.stragglers[0]
-    report.timeline = timeline.timeline_dict(series)
-    return top.analysis
+
+
+def _long_trace(runner, opts, cut):
+    """A long trace with roll-ups, read whole (no --since/--until): its coarse.Plan, or None (a short
+    trace, no roll-ups, or a change all along: the whole trace is read as it is)."""
+    if cut.active or not coarse.available(runner):
+        return None
+    rows = runner.rows(sql.ROLLUP_CALLERS)
+    callers = timeline.calling_threads(rows, opts.min_calls)
+    if not callers.keys:
+        return None
+    clocks = timeline.node_clocks(runner, sorted({k[0] for k in callers.keys}))
+    timeline.anchor_unaligned(clocks, {n: min(callers.first[k] for k in callers.keys if k[0] == n)
+                                       for n in {k[0] for k in callers.keys}})
+    if not coarse.too_long(callers, clocks):
+        return None
+    indexed = runner.rows(sql.RANK_INDEX)
+    span_sql = sql.TRACE_SPAN if indexed and all(r["indexed"] for r in indexed) else sql.TRACE_SPAN_SCAN
+    trace_last = {(r["node"], int(r["pid"])): int(r["last_ts"]) for r in runner.rows(span_sql) if r["last_ts"]}
+    rolled_to = {}
+    for r in rows:
+        key = (r["node"], int(r["pid"]))
+        rolled_to[key] = max(rolled_to.get(key, 0), int(r["rolled_to"] or 0))
+    sums = {}                          # each rank's calling thread's time: where the job waits
+    for r in rows:
+        key = (r["node"], int(r["pid"]))
+        if callers.calling.get(key) == int(r["tid"]):
+            sums[key] = (r["wall_ns"] or 0, r["sync_ns"] or 0, r["other_ns"] or 0)
+    found = coarse.plan(runner, callers, rolled_to, clocks, opts.min_gap, trace_last,
+                        timeline.wait_def_of(list(sums.values())))
+    if found is not None:
+        found.caller_rows = rows
+    return found
+
+
+def _stretch(plan, stretch):
+    """A stretch's Cut (its fleet-time bounds on each of its nodes' clocks, its ranks' pids) and its
+    timeline.Callers (the whole trace's calling threads, their spans clipped to it)."""
+    c = plan.callers
+    nodes = sorted({k[0] for k in stretch.keys})
+    pids = {}
+    for node, pid in stretch.keys:
+        pids.setdefault(node, []).append(pid)
+    cut = span.Cut(since_ns=stretch.lo_ns, until_ns=stretch.hi_ns, clocks={n: plan.clocks[n] for n in nodes},
+                   pids=pids, per_node={n: (stretch.lo_ns - plan.clocks[n].offset_ns,
+                                            stretch.hi_ns - plan.clocks[n].offset_ns) for n in nodes},
+                   trace_start_ns=plan.t0_ns, trace_end_ns=plan.t1_ns,
+                   wall=any(k.aligned for k in plan.clocks.values()))
+    first, last = {}, {}
+    for key in stretch.keys:
+        lo, hi = cut.per_node[key[0]]
+        first[key], last[key] = max(c.first[key], lo), min(plan.trace_last.get(key, c.last[key]), hi)
+    keys = [k for k in stretch.keys if last[k] > first[k]]
+    callers = timeline.Callers(keys, c.calling, c.rank_of, c.interval_of, first, last)
+    return cut, callers
+
+
+LONG_NOBODY_S = 600.0                  # a long trace with no episode: its last minutes are the report's cut
+
+
+def _episodes_long(runner, opts, report, plan, span_rows):
+    """_episodes over a long trace, one stretch of its Plan at a time (coarse.py): every stretch's
+    episodes, the report leading with the costliest."""
+    judged, warnings, read = [], [], []
+    for stretch in plan.stretches:
+        cut, callers = _stretch(plan, stretch)
+        if not callers.keys:
+            continue
+        series, found, device = _judge_stretch(runner, opts, callers, span_rows, cut, plan.wait_def)
+        judged.extend(found)
+        warnings.extend(device["warnings"] if device else [])
+        if series is not None:
+            read.append((stretch, series))
+    if not judged:
+        # nobody in any stretch the roll-ups pointed to: why no rank is a straggler, over the trace's last
+        # minutes (the whole trace has been looked at, so the fixed cut names no one)
+        tail = coarse.Stretch(lo_ns=max(plan.t0_ns, plan.t1_ns - int(LONG_NOBODY_S * 1e9)), hi_ns=plan.t1_ns,
+                              keys=coarse.ranks_for(plan.callers.keys, set()))
+        cut, _ = _stretch(plan, tail)
+        rows = [r for r in span_rows if (r["node"], int(r["pid"])) in set(tail.keys)]
+        analysis = analyse(runner, opts, cut_windows(rows, opts, DEFAULT_BASELINE_FRACTION, cut), rows)
+        _segmented_rejects(analysis.verdict)
+        emit(report, analysis)
+        report.nodes = rank_rows(analysis)
+        report.findings.extend(warnings)
+        return analysis
+    _assemble(report, judged, warnings)
+    report.timeline = timeline.long_timeline_dict(plan, read)
+    return judged[0].analysis
 
 
 def _device_evidence(runner, opts, series, found, judged, span_rows):

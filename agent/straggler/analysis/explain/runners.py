@@ -5,6 +5,7 @@ Each runner answers `rows(sql) -> [dict]` and keeps `missing` ({node: {node, sta
 from ...errors import StragglerError
 from ...fleet.client import ANSWERED
 
+MAX_ROWS = 500_000                 # rows one of explain's queries may answer
 
 class DbRunner:
     """Runs explain's SQL on one database file (read-only, through the store's query guard)."""
@@ -19,13 +20,17 @@ class DbRunner:
 
     def rows(self, text):
         try:
-            result = self._run_query(self.db_path, text, limit=500000, timeout_s=self.timeout_s)
+            result = self._run_query(self.db_path, text, limit=MAX_ROWS, timeout_s=self.timeout_s, batch=1024)
         except StragglerError as exc:
             if "no such table: thread_time" in str(exc):
                 raise StragglerError(f"{self.db_path} has no thread_time table: it was written by an agent older than "
                                      "this explain (schema 2); trace again with this version") from None
             raise
-        return [dict(zip(result.columns, r)) for r in result.rows]
+        if result.truncated:           # explain's queries are bounded by design: a cut answer would mislead
+            raise StragglerError(f"{self.db_path}: one of explain's queries answered more than {MAX_ROWS:,} rows; "
+                                 f"cut the span with --since/--until")
+        columns = result.columns
+        return [dict(zip(columns, r)) for r in result.rows]
 
 
 class FleetRunner:

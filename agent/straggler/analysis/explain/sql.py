@@ -5,6 +5,8 @@ Values computed from earlier answers (each rank's windows, the straggler's pid) 
 the later queries as literals, so each finding's SQL reproduces its numbers as it stands.
 Nothing here decides anything (model.py does), and no decision reads an SQL string."""
 from ...probes.symbols import NOT_FAILURES, SETUP_OK
+from ...store.rollup import ROLLUP_NS
+from ...store.steptime import wait_share_sql
 from ...text import sql_literal as lit, sql_quote as q
 
 THREAD_SUMS = """SUM(tt.calls) AS calls, SUM(tt.work_ns) AS work_ns, SUM(tt.sync_ns) AS sync_ns,
@@ -291,3 +293,39 @@ WHERE w.part = 'recent' AND e.source = 'nccl' AND e.op IN ({', '.join(q(o) for o
   AND {_hull_filter(windows, "e", ("recent",))}
 GROUP BY e.node, e.pid, communicator, e.op
 ORDER BY e.node, e.pid, communicator, e.op"""
+
+
+# ---- a long trace: its roll-ups first (store.rollup; coarse.py) ---------------------------------------
+HAS_ROLLUPS = "SELECT COUNT(*) AS present FROM pragma_table_list WHERE name = 'thread_rollup'"
+
+ANY_ROLLUP = "SELECT node, COUNT(*) AS n FROM (SELECT node FROM thread_rollup LIMIT 1) GROUP BY node"
+
+# sql.callers from the roll-ups (first_ts/last_ts: of the summaries rolled up; rolled_to: where they end;
+# the time that says where the job waits, timeline.wait_def_of)
+ROLLUP_CALLERS = """
+SELECT node, pid, tid, MIN(rank) AS rank, SUM(calls) AS calls, SUM(work_ns + sync_ns + coll_ns) AS call_ns,
+       MIN(first_ts) AS first_ts, MAX(last_ts) AS last_ts, MAX(summary_ns) AS interval_ns,
+       MAX(ts + interval_ns) AS rolled_to, SUM(summaries * summary_ns) AS wall_ns, SUM(sync_ns) AS sync_ns,
+       SUM(coll_ns + blocked_ns) AS other_ns
+FROM thread_rollup
+WHERE calls > 0
+GROUP BY node, pid, tid
+ORDER BY node, pid, tid"""
+
+
+def rollup_nodes(calling, bin_ns, wait_def):
+    """Each node's ranks' calling threads ({(node, pid): tid}) per bin of bin_ns (whole minutes of its
+    clock; ts: the bin's first minute): their wall time, and under the job's wait definition the least
+    wait share of a rank in a minute, the least of a rank's 10-s parts and the least of a rank's
+    most-waiting part (steptime's rule), and the ranks' mean of their fewest calls per second in a
+    part. Per (node, minute) it streams off the (node, ts) index."""
+    threads = ", ".join(f"({q(node)}, {int(pid)}, {int(tid)})" for (node, pid), tid in sorted(calling.items()))
+    wall = "summaries * summary_ns"
+    group = "ts" if int(bin_ns) == ROLLUP_NS else f"ts / {int(bin_ns)}"
+    return f"""
+SELECT node, MIN(ts) AS ts, SUM({wall}) AS wall_ns, MIN({wait_share_sql(wait_def, wall, "")}) AS wait,
+       MIN(wait_lo_{wait_def}) AS lo, MIN(wait_hi_{wait_def}) AS hi, AVG(rate_lo) AS rate_lo
+FROM thread_rollup
+WHERE (node, pid, tid) IN (VALUES {threads or "(NULL, NULL, NULL)"})
+GROUP BY node, {group}
+ORDER BY node, ts"""

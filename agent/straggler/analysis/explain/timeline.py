@@ -120,12 +120,22 @@ def choose_bin(interval_ns, span_ns, n_ranks):
     return interval_ns * factor
 
 
-def build_series(runner, callers, opts, cut=None):
-    """The per-bin series of every rank in `callers` (sql.callers rows: node, pid, tid, rank, calls,
-    call_ns, first_ts, last_ts, interval_ns; the calling thread of each rank) -> Series, or None.
-    cut (span.Cut): the span judged; with fleet-time bounds, its clocks place each node (a node without
-    clock pairs by the whole trace, as the bounds were translated, not by the span's first summary)."""
-    calling, rank_of, interval_of, first, last = {}, {}, {}, {}, {}
+@dataclass
+class Callers:
+    """What sql.callers says of each rank (node, pid): its calling thread (the thread with the most time
+    in calls), its rank, summary interval, first summary's start and last one's end; keys: the ranks
+    with at least min_calls calls, sorted."""
+    keys: list
+    calling: dict
+    rank_of: dict
+    interval_of: dict
+    first: dict
+    last: dict
+
+
+def calling_threads(callers, min_calls):
+    """sql.callers rows (node, pid, tid, rank, calls, call_ns, first_ts, last_ts, interval_ns) -> Callers."""
+    calling, rank_of, interval_of, first, last, totals = {}, {}, {}, {}, {}, {}
     for r in callers:
         key = (r["node"], int(r["pid"]))
         best = calling.get(key)
@@ -135,11 +145,18 @@ def build_series(runner, callers, opts, cut=None):
         interval_of[key] = max(interval_of.get(key, 0), int(r["interval_ns"] or 1))
         first[key] = min(first.get(key, r["first_ts"]), r["first_ts"])
         last[key] = max(last.get(key, r["last_ts"]), r["last_ts"])
-    totals = {}
-    for r in callers:
-        key = (r["node"], int(r["pid"]))
         totals[key] = totals.get(key, 0) + (r["calls"] or 0)
-    keys = sorted(k for k in calling if totals.get(k, 0) >= opts.min_calls)
+    keys = sorted(k for k in calling if totals.get(k, 0) >= min_calls)
+    return Callers(keys, {k: v[0] for k, v in calling.items()}, rank_of, interval_of, first, last)
+
+
+def build_series(runner, callers, opts, cut=None):
+    """The per-bin series of every rank in `callers` (sql.callers rows, or Callers) -> Series, or None.
+    cut (span.Cut): the span judged; with fleet-time bounds, its clocks place each node (a node without
+    clock pairs by the whole trace, as the bounds were translated, not by the span's first summary)."""
+    c = callers if isinstance(callers, Callers) else calling_threads(callers, opts.min_calls)
+    keys, rank_of, interval_of, first, last = c.keys, c.rank_of, c.interval_of, c.first, c.last
+    calling = {k: (c.calling[k],) for k in keys}
     if len(keys) < 1:
         return None
     nodes = sorted({k[0] for k in keys})
@@ -215,16 +232,22 @@ def job_wait_def(series):
     # cores a rank that waits in a collective is often runnable, and the model counts that as run queue)
     # (each rank's time over at most WAIT_DEF_BINS of its bins, spread over its trace: a day of 1 s bins
     # says no more about where a job waits than a few hundred of them)
-    sync, other = [], []
+    sums = []
     for key, rts in series.ranks.items():
         ok = sorted(usable(series, key))
         picked = [rts[b] for b in ok[::max(1, len(ok) // WAIT_DEF_BINS)]]
-        wall = sum(rt.wall_ns for rt in picked)
-        if wall:
-            sync.append(sum(rt.raw.get("sync_ns", 0) for rt in picked) / wall)
-            other.append(sum(rt.raw.get("coll_ns", 0) + rt.raw.get("blocked_ns", 0) for rt in picked) / wall)
-    series.wait_def = "enqueue" if sync and statistics.median(sync) > statistics.median(other) else "blocking"
+        sums.append((sum(rt.wall_ns for rt in picked), sum(rt.raw.get("sync_ns", 0) for rt in picked),
+                     sum(rt.raw.get("coll_ns", 0) + rt.raw.get("blocked_ns", 0) for rt in picked)))
+    series.wait_def = wait_def_of(sums)
     return series.wait_def
+
+
+def wait_def_of(sums):
+    """job_wait_def's rule over [(wall_ns, sync_ns, coll_ns + blocked_ns)] per rank: 'enqueue' when the
+    typical rank spends more of its time in synchronize than in collectives and blocked."""
+    sync = [s / wall for wall, s, _ in sums if wall]
+    other = [o / wall for wall, _, o in sums if wall]
+    return "enqueue" if sync and statistics.median(sync) > statistics.median(other) else "blocking"
 
 
 def gaps(series):
@@ -406,6 +429,9 @@ class Judged:
     slowdown_estimated: bool = False   # no clean time around it: from the waiters' wait instead
     lost_s: float = 0.0            # the job's time lost to it
     findings: list = field(default_factory=list)
+    series: object = None          # the Series it was found in (a long trace's: its stretch's)
+    cut: object = None             # the span.Cut of that series
+    attach: list = field(default_factory=list)     # [(GPU evidence, its SQL)] for its findings
 
     def drags_the_job(self):
         """Whether the job was slower for it: a rank everyone waits for costs the job its gap (at min_gap,
@@ -510,3 +536,18 @@ def timeline_dict(series):
     return dict(start_ns=series.t0_ns, end_ns=end, start=_iso(series.t0_ns), end=_iso(end),
                 bin_s=series.bin_ns / 1e9, ranks=len(series.ranks), wait=job_wait_def(series),
                 unaligned=[n for n, c in sorted(series.clocks.items()) if not c.aligned], sql=series.sql.strip())
+
+
+def long_timeline_dict(plan, read):
+    """The timeline of a long trace read through its roll-ups (coarse.Plan): the whole trace, the
+    minutes the roll-ups marked, and each stretch read at the summaries' interval ([(Stretch, Series)])."""
+    end = plan.t1_ns
+    first = read[0][1] if read else None
+    return dict(start_ns=plan.t0_ns, end_ns=end, start=_iso(plan.t0_ns), end=_iso(end),
+                bin_s=first.bin_ns / 1e9 if first else None, ranks=len(plan.callers.keys), wait=plan.wait_def,
+                unaligned=[n for n, c in sorted(plan.clocks.items()) if not c.aligned], sql=plan.sql.strip(),
+                rollup=dict(bin_s=plan.bin_ns / 1e9, bins=plan.minutes, marked=plan.marked,
+                            callers_sql=plan.callers_sql.strip(),
+                            stretches=[dict(start=_iso(st.lo_ns), end=_iso(st.hi_ns), ranks=len(s.ranks),
+                                            changed=sorted(st.changed), bin_s=s.bin_ns / 1e9, sql=s.sql.strip())
+                                       for st, s in read]))
