@@ -91,6 +91,8 @@ def run_shapes(bed, out, style, runs, log, names=None):
                     rows.append(dict(style=style, run=run, fault=name, expected="no straggler", valid=True,
                                      node_ok=not report.episodes, cause_ok=not report.episodes, start_ok=True,
                                      phantoms=phantoms))
+                    log(f"{style:8s} run {run} {name:18s} no fault: {len(report.episodes)} episode(s) named "
+                        f"{[e['node'] for e in report.episodes]} phantoms={phantoms}")
                 for p in result.phases:
                     expected = p.expected_cause
                     if style == "enqueue" and p.fault == "gpu-slow":
@@ -161,6 +163,7 @@ def main(argv=None):
     started = time.monotonic()
     rows = []
     bed = None
+    complete = False
     try:
         bed = testbed.up(hosts=4, dead=0, testbed_id=TESTBED_ID, _lock_held=True)
         for style in styles:
@@ -168,16 +171,19 @@ def main(argv=None):
             names = [n for n in args.shapes.split(",") if n]
             if names:
                 rows += run_shapes(bed, out, style, runs, lambda text: print(text, flush=True), names)
+        complete = True
     finally:
         if bed is not None:
             testbed.down(bed.id, bed.state_dir, _lock_held=True)
         lock.release()
-    table = matrix(rows)
-    results = dict(quick=args.quick, runs=runs, styles=styles, seconds=round(time.monotonic() - started, 1),
-                   machine=dict(cpus=os.cpu_count()), matrix=table, cases=rows)
-    res_dir = REPO / "bench" / "results"
-    res_dir.mkdir(parents=True, exist_ok=True)
-    (res_dir / "diagnosis.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+        # what was measured is kept, an interrupted run marked as one (complete: false)
+        table = matrix(rows)
+        results = dict(quick=args.quick, runs=runs, styles=styles, complete=complete,
+                       seconds=round(time.monotonic() - started, 1), machine=dict(cpus=os.cpu_count()), matrix=table,
+                       cases=rows)
+        res_dir = REPO / "bench" / "results"
+        res_dir.mkdir(parents=True, exist_ok=True)
+        (res_dir / "diagnosis.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     print(render.table_text(["style", "fault or shape", "expected", "runs", "valid", "node right", "cause right",
                              "start within 5 s", "named without a fault"],
                             [(m["style"], m["fault"], m["expected"], m["runs"], m["valid"],
