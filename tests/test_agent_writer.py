@@ -167,7 +167,8 @@ def test_each_minute_is_rolled_up_as_it_closes_with_its_spread_and_across_a_rest
     db = str(tmp_path / "s.db")
     minute = 60 * INTERVAL
     base = 10 * minute                           # minute 10 of the node's clock
-    writer = StoreWriter(db, "n")
+    now = lambda: base + 3600 * INTERVAL          # noqa: E731 (this boot's clock, whatever the machine's)
+    writer = StoreWriter(db, "n", clock=now)
     writer.start()
     for s in range(90):                          # 90 s: minute 10 whole, half of minute 11
         # waits 30 % of each second, but only 5 % in seconds 20-29 of the first minute (a 10-s straggle)
@@ -182,7 +183,7 @@ def test_each_minute_is_rolled_up_as_it_closes_with_its_spread_and_across_a_rest
     assert ts == base and summaries == 60 and calls == 6000 and coll == 50 * 300_000_000 + 10 * 50_000_000
     assert lo == pytest.approx(0.05) and hi == pytest.approx(0.30)
     assert (first, last) == (base, base + minute)
-    writer = StoreWriter(db, "n")                # restarted two minutes later, in minute 13
+    writer = StoreWriter(db, "n", clock=now)     # restarted two minutes later, in minute 13
     writer.start()
     for s in range(210, 245):
         writer.submit("thread_time", [thread_row(base + s * INTERVAL, 300_000_000)])
@@ -192,3 +193,25 @@ def test_each_minute_is_rolled_up_as_it_closes_with_its_spread_and_across_a_rest
     rows = query(db, "SELECT ts, summaries, wait_lo_blocking FROM thread_rollup ORDER BY ts")
     assert rows == [(base, 60, pytest.approx(0.05)), (base + minute, 30, pytest.approx(0.30)),
                     (base + 3 * minute, 30, pytest.approx(0.30))]
+
+
+def test_after_a_reboot_the_rollups_start_again_from_the_new_clock(tmp_path):
+    """A store kept across a reboot holds a roll-up end ahead of the new boot's monotonic clock: the
+    agent rolls up from its own minute again instead of waiting for the clock to pass the old one."""
+    db = str(tmp_path / "s.db")
+    minute = 60 * INTERVAL
+    writer = StoreWriter(db, "n", clock=lambda: 10_000 * minute)
+    writer.start()
+    for s in range(0, 125):                      # the old boot: minutes 5000 and 5001 rolled up
+        writer.submit("thread_time", [thread_row(5000 * minute + s * INTERVAL, 300_000_000)])
+        writer.roll_up(5000 * minute + (s + 1) * INTERVAL)
+    assert writer.flush()
+    writer.stop()
+    writer = StoreWriter(db, "n", clock=lambda: 3 * minute)      # rebooted: the clock is at minute 3
+    writer.start()
+    for s in range(125):
+        writer.submit("thread_time", [thread_row(minute + s * INTERVAL, 300_000_000)])
+        writer.roll_up(minute + (s + 1) * INTERVAL)
+    assert writer.flush()
+    writer.stop()
+    assert [r[0] // minute for r in query(db, "SELECT ts FROM thread_rollup ORDER BY ts")] == [1, 2, 5000, 5001]

@@ -365,7 +365,21 @@ def test_a_long_trace_is_read_through_its_rollups_and_keeps_one_second_episodes(
     older = str(tmp_path / "older.db")
     series.write_cluster(older, series.SeriesSpec(faults=faults, **LONG), rollups=False)
     report = explain.explain_db(older)
-    assert report.timeline is None or (report.timeline["bin_s"] > 1.0 and "rollup" not in report.timeline)
+    assert report.timeline["bin_s"] > 1.0 and "rollup" not in report.timeline, report.timeline
+
+
+@pytest.mark.slow
+def test_a_long_trace_of_one_node_is_read_rank_by_rank_to_its_last_minute(tmp_path):
+    """One node of 16 ranks for two hours (a single 16-GPU host's store): with no other node to measure
+    it against, each rank is measured against the typical rank; a slow GPU on one rank in the trace's
+    last minute is named, that rank alone, to the second."""
+    fault = series.Fault(node=0, ranks=(5,), start_s=7165, end_s=7185, kind="gpu", slow=2.0)
+    report, facts = explained(tmp_path, [fault], nodes=1, ranks_per_node=16, seconds=7200)
+    assert report.timeline["rollup"]["stretches"] and report.timeline["bin_s"] == 1.0, report.timeline
+    assert [e["node"] for e in report.episodes] == ["gpu-node-01"], report.episodes
+    e = report.episodes[0]
+    assert [r["rank"] for r in e["ranks"]] == [5], e["ranks"]
+    assert abs(e["start_ns"] - facts["faults"][0]["start_ns"]) <= 2 * S
 
 
 @pytest.mark.slow
@@ -374,3 +388,23 @@ def test_a_long_clean_trace_names_nobody(tmp_path):
     and the report names nobody."""
     report, _ = explained(tmp_path, [], noise=0.05, **LONG)
     assert report.straggler is None and not report.episodes, report.episodes
+
+
+@pytest.mark.slow
+def test_the_time_before_a_store_had_rollups_is_read_too(tmp_path):
+    """An agent upgraded half an hour into the trace rolled up only what came after: the half hour
+    before is read at 1 s as it is (a fault in it named), the rest through the roll-ups."""
+    import sqlite3
+    path = str(tmp_path / "cluster.db")
+    facts = series.write_cluster(path, series.SeriesSpec(
+        faults=[series.Fault(node=4, start_s=600, end_s=615, kind="cpu", slow=2.5)], **LONG))
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("DELETE FROM thread_rollup WHERE last_ts <= (SELECT MIN(ts) FROM thread_rollup r "
+                     "WHERE r.node = thread_rollup.node) + 1800000000000")
+    conn.close()
+    report = explain.explain_db(path)
+    first = report.timeline["rollup"]["stretches"][0]
+    assert first["start"] == report.timeline["start"] and "not rolled up" in first["why"], first
+    assert [e["node"] for e in report.episodes] == ["gpu-node-05"], report.episodes
+    assert abs(report.episodes[0]["start_ns"] - facts["faults"][0]["start_ns"]) <= 2 * S

@@ -142,9 +142,11 @@ CREATE TABLE IF NOT EXISTS thread_rollup (
     wait_hi_enqueue  REAL,
     rate_lo      REAL
 );
--- each thread's minutes (explain's callers), each node's minutes (explain's coarse series)
+-- each thread's minutes (explain's callers), each node's minutes (explain's coarse series), by time
+-- (retention)
 CREATE INDEX IF NOT EXISTS thread_rollup_thread ON thread_rollup(node, pid, tid, ts);
 CREATE INDEX IF NOT EXISTS thread_rollup_node_ts ON thread_rollup(node, ts);
+CREATE INDEX IF NOT EXISTS thread_rollup_ts ON thread_rollup(ts);
 
 -- The GPUs NVIDIA's management library (NVML) shows on the node, one row per GPU (index and UUID).
 -- Only written when the agent reads the devices (see meta devices_state); docs/devices.md.

@@ -103,7 +103,7 @@ class StoreWriter:
     """Batches rows from any thread into one writer thread; enforces --max-db / --max-age."""
 
     def __init__(self, db_path, node, interval_ns=5_000_000_000, max_db_bytes=None, max_age_ns=None,
-                 flush_interval_s=0.5, max_queued_events=200_000):
+                 flush_interval_s=0.5, max_queued_events=200_000, clock=time.monotonic_ns):
         self.db_path, self.node = db_path, node
         self.interval_ns = int(interval_ns)
         self.max_db_bytes = max_db_bytes
@@ -121,7 +121,11 @@ class StoreWriter:
             self.conn.execute(f"PRAGMA wal_autocheckpoint = {max(16, self.wal_budget // page_size // 2)}")
             self.conn.execute(f"PRAGMA journal_size_limit = {self.wal_budget}")
         self.next_seq = self._first_free_seq()
-        self.rolled_until = rollup.rolled_until(self.conn)   # None: from the minute the agent starts in
+        # where the last roll-up ended (None: from the minute the agent starts in; so too after a reboot,
+        # when the stored one is ahead of this boot's clock)
+        self.rolled_until = rollup.rolled_until(self.conn)
+        if self.rolled_until is not None and self.rolled_until > clock():
+            self.rolled_until = None
         self._queue = deque()
         self._queued_events = 0
         self._cond = threading.Condition()
@@ -231,6 +235,7 @@ class StoreWriter:
         barriers = []
         node = self.node
         pending_events = []
+        rolled = self.rolled_until
         for kind, payload in items:
             if kind == "events":
                 pending_events.extend(payload)
@@ -252,13 +257,14 @@ class StoreWriter:
                     elif kind == "meta":
                         conn.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", payload)
                     elif kind == "rollup":
-                        if payload // rollup.ROLLUP_NS * rollup.ROLLUP_NS > (self.rolled_until or 0):
-                            self.rolled_until = rollup.roll(conn, node, payload, self.rolled_until)
+                        if payload // rollup.ROLLUP_NS * rollup.ROLLUP_NS > (rolled or 0):
+                            rolled = rollup.roll(conn, node, payload, rolled)
                     elif kind == "clear_probes":
                         conn.execute("DELETE FROM probes WHERE node = ?", (node,))
                     elif kind == "barrier":
                         barriers.append(payload)
             conn.execute("COMMIT")
+            self.rolled_until = rolled         # (only once what it rolled is committed)
             self.events_written += len(chunk)
             self._enforce_limits()
             if not chunk:

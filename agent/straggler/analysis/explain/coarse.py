@@ -3,20 +3,25 @@ so that explain reads thread_time at its own interval only there, and a day of a
 read of its roll-ups plus those minutes, not of every summary (the segmentation, the model and the
 findings then run on each stretch as on a short trace: engine.py).
 
-A bin (a minute; several on a trace of more ranks, COARSE_ROWS) is looked at closer when, for some rank:
-  - its least-waiting 10-s part waited less than the typical rank's least-waiting part (the dip: the
-    others wait more while it straggles, so theirs lies elsewhere) by more than its dip usually is,
-    by at least a third of min_gap, and by more than its own dips vary (NOISE_K times their spread):
-    a 10-s straggle, a fault that comes and goes, the start of a long one;
-  - over the bin it waited less than the others by min_gap or more (straggling all along);
-or when the job's step rate in its slowest 10-s part fell by that third below its typical bin (a
+Per node and minute (per rank when the job has fewer than MIN_NODES nodes), a minute is looked at
+closer when
+  - the node's least-waiting rank waited less in its least-waiting 10 s than the typical node's (the
+    others wait more while it straggles, so their least-waiting part lies elsewhere), and its rank with
+    the least in its most-waiting 10 s waited less than the typical node's too (a node whose minute only
+    partly holds a change of the whole job, its clock's minutes being out of step with the others', has
+    a low part, but its most-waiting parts are the others'): each by more than it usually does, by at
+    least a third of min_gap and by NOISE_K times its own spread. A 10-s straggle, a fault that comes
+    and goes, the start of a long one;
+  - or a rank of it waited less than the typical node's over the minute by min_gap (straggling all along);
+or when the job's step rate in its slowest 10-s part fell by that third below its typical minute (a
 slowdown nobody waits less in: a GPU's own word may say whose, devices.py).
-Each such bin is looked at with MARGIN_MINUTES bins either side (the clean time its episode is measured
-against), overlapping ones as one stretch; with the part of the trace not rolled up yet (the minute an
-agent is writing). A stretch of a job of many nodes reads the ranks of the nodes that changed in it and
-a panel of PANEL_NODES others, spread over the job, to measure them against; of a smaller job, every rank.
+Each such minute is looked at with MARGIN_MINUTES either side (the clean time its episode is measured
+against), overlapping ones as one stretch; with the parts of the trace not rolled up (the minute an
+agent is writing; the time before a store had roll-ups). A stretch of a job of many nodes reads the
+ranks of the nodes that changed in it and a panel of PANEL_NODES others, spread over the job, to measure
+them against; of a smaller job, every rank.
 
-Pure but for the two queries of plan(); decides nothing about stragglers.
+Pure but for the queries of plan(); decides nothing about stragglers.
 """
 import statistics
 from dataclasses import dataclass, field
@@ -26,12 +31,12 @@ from . import sql, timeline
 
 CANDIDATE_SHARE = 1 / 3        # of min_gap: a change this large in a 10-s part marks its minute
 NOISE_K = 4.0                  # ... and larger than this many times the rank's own minutes vary
-MARGIN_MINUTES = 1             # bins looked at around a marked one
+MARGIN_MINUTES = 1             # minutes looked at around a marked one
 PANEL_NODES = 8                # the other nodes a stretch of a large job measures its changed ones against
 FINE_BUDGET = 4                # stretches may read this many series' budgets (timeline.MAX_SERIES_ROWS) in all
 COVERED = 0.9                  # a minute counts for a rank when its summaries cover this much of it
-COARSE_ROWS = 400_000          # rows (nodes x bins) the roll-ups' series may have: on a longer trace of more nodes
-                               # its bins are several minutes (a 10-s part's dip still shows in them)
+COARSE_ROWS = 400_000          # rows (nodes x minutes) one query of the roll-ups answers (more nodes: more queries)
+MIN_NODES = 3                  # fewer nodes: each rank is measured against the typical rank, not its node
 
 
 @dataclass
@@ -53,12 +58,13 @@ class Plan:
     clocks: dict
     t0_ns: int
     t1_ns: int
-    minutes: int                   # bins of bin_ns
+    minutes: int
     bin_ns: int
     wait_def: str
     sql: str
     callers_sql: str
     caller_rows: list = field(default_factory=list)   # sql.ROLLUP_CALLERS' answer
+    trace_first: dict = field(default_factory=dict)   # (node, pid) -> its first summary's start (thread_time)
     trace_last: dict = field(default_factory=dict)    # (node, pid) -> its last summary's end (thread_time)
     marked: int = 0                # minutes marked
 
@@ -86,42 +92,37 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
-def plan(runner, callers, rolled_to, clocks, min_gap, trace_last, wait_def):
+def plan(runner, callers, rolled_to, clocks, min_gap, trace_first, trace_last, wait_def):
     """The Plan of a long trace from its roll-ups, or None when the stretches would not fit FINE_BUDGET
-    (a change all along: the whole trace is then read at wider bins, as without roll-ups).
-    callers: timeline.Callers from sql.ROLLUP_CALLERS; rolled_to: {(node, pid): where its roll-ups end};
-    trace_last: {(node, pid): its last summary's end} from thread_time; wait_def: the job's."""
-    keys = callers.keys
+    (a change all along, or roll-ups that start long after the trace: the whole trace is then read at
+    wider bins, as without roll-ups). callers: timeline.Callers from sql.ROLLUP_CALLERS; rolled_to:
+    {(node, pid): where its roll-ups end}; trace_first, trace_last: {(node, pid): its first summary's
+    start, its last one's end} from thread_time; wait_def: the job's."""
+    keys, R = callers.keys, rollup.ROLLUP_NS
     off = {n: c.offset_ns for n, c in clocks.items()}
-    first = min(callers.first[k] + off[k[0]] for k in keys)
-    t1 = max(trace_last.get(k, callers.last[k]) + off[k[0]] for k in keys)
-    minutes = -(-(t1 - first) // rollup.ROLLUP_NS) + 1
-    nodes = len({k[0] for k in keys})
-    R = rollup.ROLLUP_NS * max(1, -(-nodes * minutes // COARSE_ROWS))    # the bin: whole minutes
-    t0 = first // R * R
+    t0 = min(min(callers.first[k], trace_first.get(k, callers.first[k])) + off[k[0]] for k in keys) // R * R
+    t1 = max(max(callers.last[k], trace_last.get(k, 0)) + off[k[0]] for k in keys)
     n = max(1, -(-(t1 - t0) // R))
-    text = sql.rollup_nodes({k: callers.calling[k] for k in keys}, R, wait_def)
-    ranks_of = {}
-    for k in keys:
-        ranks_of[k[0]] = ranks_of.get(k[0], 0) + 1
-    per = {node: {} for node in ranks_of}          # node -> {bin: row}
-    for r in runner.rows(text):
-        node = r["node"]
-        b = (int(r["ts"]) // R * R + R // 2 + off.get(node, 0) - t0) // R
-        if node in per and 0 <= b < n:
-            per[node][b] = r
-    # each node's bins that all its ranks cover, less its first and last (a start, an end, a summary cut short)
+    nodes = sorted({k[0] for k in keys})
+    by_rank = len(nodes) < MIN_NODES                # too few nodes to tell one from the typical: each rank
+    texts, per = [], {}                            # unit (a node, or a rank) -> {minute: row}
+    step = max(1, COARSE_ROWS // n)                # nodes per query
+    for i in range(0, len(nodes), step):
+        chunk = set(nodes[i:i + step])
+        texts.append(sql.rollup_units({k: callers.calling[k] for k in keys if k[0] in chunk}, wait_def, by_rank))
+        for r in runner.rows(texts[-1]):
+            unit = (r["node"], int(r["pid"])) if by_rank else r["node"]
+            b = (int(r["ts"]) // R * R + R // 2 + off.get(r["node"], 0) - t0) // R
+            if 0 <= b < n:
+                per.setdefault(unit, {})[b] = r
+    # each unit's minutes that its ranks there cover
     lo_of, hi_of, mean_of = {}, {}, {}
     by_bin_lo, by_bin_hi, by_bin_mean, by_bin_rate = ([[] for _ in range(n)] for _ in range(4))
-    for node, bins in per.items():
-        floor_wall = COVERED * R * ranks_of[node]
-        have = sorted(b for b, r in bins.items() if (r["wall_ns"] or 0) >= floor_wall)
-        full = have[1:-1] if len(have) >= 5 else have
-        lo_of[node], hi_of[node], mean_of[node] = los, his, means = {}, {}, {}
-        for b in full:
-            r = bins[b]
+    for unit, bins in per.items():
+        lo_of[unit], hi_of[unit], mean_of[unit] = los, his, means = {}, {}, {}
+        for b, r in bins.items():
             lo, hi, mean = r["lo"], r["hi"], r["wait"]
-            if lo is None or hi is None or mean is None:
+            if (r["wall_ns"] or 0) < COVERED * R * (r["ranks"] or 1) or lo is None or hi is None or mean is None:
                 continue
             los[b], his[b], means[b] = lo, hi, mean
             by_bin_lo[b].append(lo)
@@ -135,19 +136,19 @@ def plan(runner, callers, rolled_to, clocks, min_gap, trace_last, wait_def):
     rate_med = [_median(v) for v in by_bin_rate]
     floor = min_gap * CANDIDATE_SHARE
     marked = {}                                    # bin -> (nodes changed, why)
-    for node in per:
-        # how much less than the typical node its least-waiting rank waited in its least-waiting 10 s (the
-        # others wait more while it straggles, so their least-waiting part lies outside it), and its rank
-        # with the least in its most-waiting 10 s (a node whose minute only partly holds a change of the
-        # whole job has a low part, but its ranks' most-waiting parts are the others')
-        low = _rises({b: lo_med[b] - v for b, v in lo_of[node].items()}, floor)
-        high = _rises({b: hi_med[b] - v for b, v in hi_of[node].items()}, floor)
-        means = mean_of[node]
-        for b in lo_of[node]:
+    for unit in per:
+        # how much less than the typical node (rank) its least-waiting rank waited in its least-waiting
+        # 10 s (the others wait more while it straggles, so their least-waiting part lies outside it), and
+        # its rank with the least in its most-waiting 10 s (a node whose minute only partly holds a change
+        # of the whole job has a low part, but its ranks' most-waiting parts are the others')
+        low = _rises({b: lo_med[b] - v for b, v in lo_of[unit].items()}, floor)
+        high = _rises({b: hi_med[b] - v for b, v in hi_of[unit].items()}, floor)
+        means = mean_of[unit]
+        for b in lo_of[unit]:
             why = "dip" if b in low and b in high else "gap" if mean_med[b] - means[b] >= min_gap else None
             if why:
                 entry = marked.setdefault(b, (set(), []))
-                entry[0].add(node)
+                entry[0].add(unit[0] if by_rank else unit)
                 entry[1].append(why)
     rates = {b: r for b, r in enumerate(rate_med) if r}
     if len(rates) >= 3:
@@ -158,10 +159,12 @@ def plan(runner, callers, rolled_to, clocks, min_gap, trace_last, wait_def):
             if level - r >= threshold:
                 marked.setdefault(b, (set(), []))[1].append("job-rate")
     spans = [(max(0, b - MARGIN_MINUTES), min(n, b + MARGIN_MINUTES + 1), b) for b in sorted(marked)]
-    # the part not rolled up yet, per rank: from where its roll-ups end to its last summary
+    # the parts not rolled up, per rank: before its roll-ups start (a store older than them), and from
+    # where they end to its last summary (the minute an agent is writing)
     for key in keys:
-        rolled = rolled_to.get(key)
-        last = trace_last.get(key)
+        first, rolled, last = trace_first.get(key), rolled_to.get(key), trace_last.get(key)
+        if first is not None and first < callers.first[key] - R:
+            spans.append((0, min(n, (callers.first[key] + off[key[0]] - t0) // R + MARGIN_MINUTES + 1), None))
         if rolled is not None and last is not None and last > rolled:
             lo = (rolled + off[key[0]] - t0) // R
             spans.append((max(0, lo - MARGIN_MINUTES), n, None))
@@ -186,7 +189,8 @@ def plan(runner, callers, rolled_to, clocks, min_gap, trace_last, wait_def):
     if cost > FINE_BUDGET * per_rank_budget:
         return None
     return Plan(stretches=stretches, callers=callers, clocks=clocks, t0_ns=t0, t1_ns=t1, minutes=n, bin_ns=R,
-                wait_def=wait_def, sql=text, callers_sql=sql.ROLLUP_CALLERS, trace_last=trace_last, marked=len(marked))
+                wait_def=wait_def, sql="\n".join(texts), callers_sql=sql.ROLLUP_CALLERS, trace_first=trace_first,
+                trace_last=trace_last, marked=len(marked))
 
 
 def _rises(values, floor):

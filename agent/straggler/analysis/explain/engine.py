@@ -292,7 +292,11 @@ def _long_trace(runner, opts, cut):
         return None
     indexed = runner.rows(sql.RANK_INDEX)
     span_sql = sql.TRACE_SPAN if indexed and all(r["indexed"] for r in indexed) else sql.TRACE_SPAN_SCAN
-    trace_last = {(r["node"], int(r["pid"])): int(r["last_ts"]) for r in runner.rows(span_sql) if r["last_ts"]}
+    spans = [r for r in runner.rows(span_sql) if r["first_ts"] is not None and r["last_ts"] is not None]
+    if {r["node"] for r in spans} - {k[0] for k in callers.keys}:
+        return None                    # a node without roll-ups (an older agent's): the whole trace is read
+    trace_first = {(r["node"], int(r["pid"])): int(r["first_ts"]) for r in spans}
+    trace_last = {(r["node"], int(r["pid"])): int(r["last_ts"]) for r in spans}
     rolled_to = {}
     for r in rows:
         key = (r["node"], int(r["pid"]))
@@ -302,7 +306,7 @@ def _long_trace(runner, opts, cut):
         key = (r["node"], int(r["pid"]))
         if callers.calling.get(key) == int(r["tid"]):
             sums[key] = (r["wall_ns"] or 0, r["sync_ns"] or 0, r["other_ns"] or 0)
-    found = coarse.plan(runner, callers, rolled_to, clocks, opts.min_gap, trace_last,
+    found = coarse.plan(runner, callers, rolled_to, clocks, opts.min_gap, trace_first, trace_last,
                         timeline.wait_def_of(list(sums.values())))
     if found is not None:
         found.caller_rows = rows
@@ -325,7 +329,8 @@ def _stretch(plan, stretch):
     first, last = {}, {}
     for key in stretch.keys:
         lo, hi = cut.per_node[key[0]]
-        first[key], last[key] = max(c.first[key], lo), min(plan.trace_last.get(key, c.last[key]), hi)
+        first[key] = max(min(c.first[key], plan.trace_first.get(key, c.first[key])), lo)
+        last[key] = min(max(c.last[key], plan.trace_last.get(key, c.last[key])), hi)
     keys = [k for k in stretch.keys if last[k] > first[k]]
     callers = timeline.Callers(keys, c.calling, c.rank_of, c.interval_of, first, last)
     return cut, callers
@@ -344,7 +349,9 @@ def _episodes_long(runner, opts, report, plan, span_rows):
             continue
         series, found, device = _judge_stretch(runner, opts, callers, span_rows, cut, plan.wait_def)
         judged.extend(found)
-        warnings.extend(device["warnings"] if device else [])
+        seen = {(w.node, w.cause, w.numbers.get("gpu")) for w in warnings}
+        warnings.extend(w for w in (device["warnings"] if device else [])      # a GPU's word once, not per stretch
+                        if (w.node, w.cause, w.numbers.get("gpu")) not in seen)
         if series is not None:
             read.append((stretch, series))
     if not judged:

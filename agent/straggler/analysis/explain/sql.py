@@ -5,7 +5,6 @@ Values computed from earlier answers (each rank's windows, the straggler's pid) 
 the later queries as literals, so each finding's SQL reproduces its numbers as it stands.
 Nothing here decides anything (model.py does), and no decision reads an SQL string."""
 from ...probes.symbols import NOT_FAILURES, SETUP_OK
-from ...store.rollup import ROLLUP_NS
 from ...store.steptime import wait_share_sql
 from ...text import sql_literal as lit, sql_quote as q
 
@@ -308,24 +307,26 @@ SELECT node, pid, tid, MIN(rank) AS rank, SUM(calls) AS calls, SUM(work_ns + syn
        MAX(ts + interval_ns) AS rolled_to, SUM(summaries * summary_ns) AS wall_ns, SUM(sync_ns) AS sync_ns,
        SUM(coll_ns + blocked_ns) AS other_ns
 FROM thread_rollup
-WHERE calls > 0
 GROUP BY node, pid, tid
+HAVING SUM(calls) > 0
 ORDER BY node, pid, tid"""
 
 
-def rollup_nodes(calling, bin_ns, wait_def):
-    """Each node's ranks' calling threads ({(node, pid): tid}) per bin of bin_ns (whole minutes of its
-    clock; ts: the bin's first minute): their wall time, and under the job's wait definition the least
-    wait share of a rank in a minute, the least of a rank's 10-s parts and the least of a rank's
-    most-waiting part (steptime's rule), and the ranks' mean of their fewest calls per second in a
-    part. Per (node, minute) it streams off the (node, ts) index."""
+def rollup_units(calling, wait_def, by_rank=False):
+    """Each node's ranks' calling threads ({(node, pid): tid}) per minute of its clock (per rank with
+    by_rank): how many ranks and their wall time, and under the job's wait definition (steptime's rule)
+    the least wait share of a rank over the minute, the least of a rank's 10-s parts and the least of a
+    rank's most-waiting part, and the ranks' mean of their fewest calls per second in a part. Streams
+    off the (node, ts) index (by rank: (node, pid, tid, ts))."""
     threads = ", ".join(f"({q(node)}, {int(pid)}, {int(tid)})" for (node, pid), tid in sorted(calling.items()))
     wall = "summaries * summary_ns"
-    group = "ts" if int(bin_ns) == ROLLUP_NS else f"ts / {int(bin_ns)}"
+    unit = "node, pid" if by_rank else "node, MIN(pid) AS pid"
+    group = "node, pid, tid, ts" if by_rank else "node, ts"
     return f"""
-SELECT node, MIN(ts) AS ts, SUM({wall}) AS wall_ns, MIN({wait_share_sql(wait_def, wall, "")}) AS wait,
-       MIN(wait_lo_{wait_def}) AS lo, MIN(wait_hi_{wait_def}) AS hi, AVG(rate_lo) AS rate_lo
+SELECT {unit}, ts, COUNT(*) AS ranks, SUM({wall}) AS wall_ns,
+       MIN({wait_share_sql(wait_def, wall, "")}) AS wait, MIN(wait_lo_{wait_def}) AS lo,
+       MIN(wait_hi_{wait_def}) AS hi, AVG(rate_lo) AS rate_lo
 FROM thread_rollup
 WHERE (node, pid, tid) IN (VALUES {threads or "(NULL, NULL, NULL)"})
-GROUP BY node, {group}
-ORDER BY node, ts"""
+GROUP BY {group}
+ORDER BY {group}"""

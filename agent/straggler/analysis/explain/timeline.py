@@ -549,5 +549,6 @@ def long_timeline_dict(plan, read):
                 rollup=dict(bin_s=plan.bin_ns / 1e9, bins=plan.minutes, marked=plan.marked,
                             callers_sql=plan.callers_sql.strip(),
                             stretches=[dict(start=_iso(st.lo_ns), end=_iso(st.hi_ns), ranks=len(s.ranks),
+                                            why=sorted({w for w, _ in st.why}),
                                             changed=sorted(st.changed), bin_s=s.bin_ns / 1e9, sql=s.sql.strip())
                                        for st, s in read]))
