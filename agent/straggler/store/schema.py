@@ -14,6 +14,27 @@ SCHEMA_VERSION = 4   # 2: thread_time (the step-time model's per-thread summarie
                      # gpu_processes, gpu_errors (the devices' own word: NVML and the kernel's Xid errors);
                      # 4: thread_rollup (thread_time per minute, with its spread: explain over long traces)
 
+# thread_time's columns, which thread_rollup sums per minute (ts: a summary's or a minute's start, ns
+# monotonic)
+SUMMARY_COLUMNS = """    node         TEXT    NOT NULL,
+    ts           INTEGER NOT NULL,         -- start, ns monotonic
+    interval_ns  INTEGER NOT NULL,
+    pid          INTEGER NOT NULL,
+    tid          INTEGER NOT NULL,
+    rank         INTEGER,
+    comm         TEXT,
+    calls        INTEGER NOT NULL DEFAULT 0,
+    work_ns      INTEGER NOT NULL DEFAULT 0,
+    sync_ns      INTEGER NOT NULL DEFAULT 0,
+    coll_ns      INTEGER NOT NULL DEFAULT 0,
+    runq_ns      INTEGER NOT NULL DEFAULT 0,
+    runq_work_ns INTEGER NOT NULL DEFAULT 0,
+    runq_sync_ns INTEGER NOT NULL DEFAULT 0,
+    runq_coll_ns INTEGER NOT NULL DEFAULT 0,
+    blocked_ns   INTEGER NOT NULL DEFAULT 0,
+    io_ns        INTEGER NOT NULL DEFAULT 0,
+"""
+
 DDL = """
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
@@ -82,24 +103,7 @@ CREATE INDEX IF NOT EXISTS aggregates_ts ON aggregates(ts);
 --                                 run-queue waits, top ones (kind: process, own, kernel, outside, idle)
 -- On-CPU time outside calls (host compute) is what is left of the thread's wall time.
 CREATE TABLE IF NOT EXISTS thread_time (
-    node         TEXT    NOT NULL,
-    ts           INTEGER NOT NULL,         -- interval start, ns monotonic
-    interval_ns  INTEGER NOT NULL,
-    pid          INTEGER NOT NULL,
-    tid          INTEGER NOT NULL,
-    rank         INTEGER,
-    comm         TEXT,
-    calls        INTEGER NOT NULL DEFAULT 0,
-    work_ns      INTEGER NOT NULL DEFAULT 0,
-    sync_ns      INTEGER NOT NULL DEFAULT 0,
-    coll_ns      INTEGER NOT NULL DEFAULT 0,
-    runq_ns      INTEGER NOT NULL DEFAULT 0,
-    runq_work_ns INTEGER NOT NULL DEFAULT 0,
-    runq_sync_ns INTEGER NOT NULL DEFAULT 0,
-    runq_coll_ns INTEGER NOT NULL DEFAULT 0,
-    blocked_ns   INTEGER NOT NULL DEFAULT 0,
-    io_ns        INTEGER NOT NULL DEFAULT 0,
-    thieves      TEXT
+{summary_columns}    thieves      TEXT
 );
 CREATE INDEX IF NOT EXISTS thread_time_ts ON thread_time(ts);
 -- one rank's summaries over a time (explain's windows: a few ranks' minutes out of hours of many ranks)
@@ -115,24 +119,7 @@ CREATE INDEX IF NOT EXISTS thread_time_node_pid_ts ON thread_time(node, pid, ts)
 --                                    collectives and blocked (blocking) or also in synchronize (enqueue)
 --   rate_lo                          the fewest calls per second of a 10-s part
 CREATE TABLE IF NOT EXISTS thread_rollup (
-    node         TEXT    NOT NULL,
-    ts           INTEGER NOT NULL,
-    interval_ns  INTEGER NOT NULL,
-    pid          INTEGER NOT NULL,
-    tid          INTEGER NOT NULL,
-    rank         INTEGER,
-    comm         TEXT,
-    calls        INTEGER NOT NULL DEFAULT 0,
-    work_ns      INTEGER NOT NULL DEFAULT 0,
-    sync_ns      INTEGER NOT NULL DEFAULT 0,
-    coll_ns      INTEGER NOT NULL DEFAULT 0,
-    runq_ns      INTEGER NOT NULL DEFAULT 0,
-    runq_work_ns INTEGER NOT NULL DEFAULT 0,
-    runq_sync_ns INTEGER NOT NULL DEFAULT 0,
-    runq_coll_ns INTEGER NOT NULL DEFAULT 0,
-    blocked_ns   INTEGER NOT NULL DEFAULT 0,
-    io_ns        INTEGER NOT NULL DEFAULT 0,
-    summaries    INTEGER NOT NULL DEFAULT 0,
+{summary_columns}    summaries    INTEGER NOT NULL DEFAULT 0,
     summary_ns   INTEGER,
     first_ts     INTEGER,
     last_ts      INTEGER,
@@ -301,7 +288,7 @@ CREATE TABLE IF NOT EXISTS probes (
     attached_at INTEGER,                   -- ns monotonic
     PRIMARY KEY (node, name, library)
 );
-"""
+""".replace("{summary_columns}", SUMMARY_COLUMNS)
 
 # The columns of a gpu_samples row, in the order the agent's device sampler writes them.
 GPU_SAMPLE_COLUMNS = (
