@@ -6,8 +6,8 @@ and .schedule: a real 4-rank job on the test bed, real agents, real faults), in 
 Fault classes (one fault on one rank after a clean warm-up) and shapes: late (a CPU hog in the job's last
 12 s), intermittent (1 s on / 1 s off), from the first step (host compute), small (about x1.2), two ranks
 per node with one slow GPU, two ranks per node with a node-wide CPU hog, and the clean job.
-For each case or phase: was it valid (the fault slowed the job; invalid ones are counted apart, never as
-right or wrong), was the node right (its episode on exactly that node; nobody for the clean job, the
+For each case or phase: was it valid (the fault slowed the job; the clean job: no rank held it back all
+along, schedule.clean_check; invalid ones are counted apart, never as right or wrong), was the node right (its episode on exactly that node; nobody for the clean job, the
 machine-wide load step, and a slow GPU behind enqueued collectives without device evidence), was the first
 cause class right, did the episode start within 5 s, and episodes named where there was no fault. Writes
 bench/results/diagnosis.json and prints the matrix. `--quick`: one run, blocking style only.
@@ -87,11 +87,14 @@ def run_shapes(bed, out, style, runs, log, names=None):
                 result = sc.run_schedule(h, phases, seconds, name=f"{name}-{run}", **kw)
                 report = sc.diagnose(result, out / f"{style}-shapes" / "reports", f"{name}-{run}")
                 phantoms = len(sc.phantom_episodes(result, report))
-                if not phases:
-                    rows.append(dict(style=style, run=run, fault=name, expected="no straggler", valid=True,
-                                     node_ok=not report.episodes, cause_ok=not report.episodes, start_ok=True,
-                                     phantoms=phantoms))
-                    log(f"{style:8s} run {run} {name:18s} no fault: {len(report.episodes)} episode(s) named "
+                if not phases:             # a clean job checks itself too: did some rank hold it back all along?
+                    clean, why = sc.clean_check(result)
+                    row = dict(style=style, run=run, fault=name, expected="no straggler", valid=clean, reason=why,
+                               phantoms=phantoms if clean else 0)
+                    if clean:
+                        row.update(node_ok=not report.episodes, cause_ok=not report.episodes, start_ok=True)
+                    rows.append(row)
+                    log(f"{style:8s} run {run} {name:18s} no fault, {why}: {len(report.episodes)} episode(s) named "
                         f"{[e['node'] for e in report.episodes]} phantoms={phantoms}")
                 for p in result.phases:
                     expected = p.expected_cause

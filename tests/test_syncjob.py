@@ -334,3 +334,29 @@ def test_standin_collectives_move_real_data(tmp_path, standin_dir, mode):
 
 
 # ---------------------------------------------------------------- the harness on the test bed
+
+
+def _step_logs(case_dir, waits_ms, step_ms=20.0, seconds=20):
+    """steps-rank{r}.csv as the job writes them: a step every step_ms, rank r waiting waits_ms[r] of it."""
+    for r, wait in enumerate(waits_ms):
+        with open(case_dir / f"steps-rank{r}.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["t_end_mono_ns", "step_ms", "coll_done_ms"])
+            for i in range(int(seconds * 1000 / step_ms)):
+                w.writerow([int((i + 1) * step_ms * 1e6), step_ms, wait])
+
+
+@pytest.mark.parametrize("waits, clean", [([6.0, 6.2, 5.9, 6.1], True),      # nobody held back
+                                          ([6.0, 2.6, 6.1, 5.9], False)])    # rank 1: others wait 3.4 ms more
+def test_a_job_without_faults_checks_that_it_ran_clean(tmp_path, waits, clean):
+    """A clean job of the harness checks itself as a fault does (straggler_lab.demo.schedule.clean_check):
+    a rank the others waited for all along (x1.2 here, over CLEAN_MAX) makes it no clean job, so naming
+    that rank is no phantom."""
+    from straggler_lab.demo import schedule as sc
+    _step_logs(tmp_path, waits)
+    run = sc.ScheduleRun(phases=[], style="blocking", t_start_ns=0, t_end_ns=int(21e9), clean_step_ms=20.0,
+                         agent_dbs={}, rank_nodes={r: f"h{r}" for r in range(len(waits))}, case_dir=str(tmp_path),
+                         real_minus_mono_ns=0)
+    ok, why = sc.clean_check(run)
+    assert ok is clean, why
+    assert ("rank 1" in why) is (not clean), why

@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from straggler.analysis.explain.episodes import EpisodeOptions
 
@@ -326,23 +327,55 @@ def _coll_ms(path):
     return out
 
 
-def _judge_whole_job(p, case_dir, world, t_start, t_end):
-    """A fault over the whole job has no clean steps to compare with: how much longer the other ranks
-    wait for each allreduce to be done than the faulted one is the time the job loses to it every step
-    (the job would run that much faster without it)."""
+def _whole_job_slowdown(case_dir, world, t_start, t_end, ranks):
+    """How much slower the whole job ran for `ranks` (a fault over the whole job has no clean steps to
+    compare with): how much longer the other ranks wait for each allreduce to be done than they do is the
+    time the job loses to them every step (it would run that much faster without it). -> (slowdown,
+    lost_ms) or None without steps."""
     skip = int(WARMUP_SKIP_S * 1e9)
-    waits = {r: [c for t, _, c in _coll_ms(case_dir / f"steps-rank{r}.csv") if t_start + skip < t <= t_end]
-             for r in range(world)}
-    steps = [ms for r in range(world) for t, ms, _ in _coll_ms(case_dir / f"steps-rank{r}.csv")
-             if t_start + skip < t <= t_end]
-    mine = [statistics.median(waits[r]) for r in p.ranks if waits.get(r)]
-    others = [statistics.median(w) for r, w in waits.items() if r not in p.ranks and w]
+    logs = {r: [x for x in _coll_ms(Path(case_dir) / f"steps-rank{r}.csv") if t_start + skip < x[0] <= t_end]
+            for r in range(world)}
+    waits = {r: [c for _, _, c in rows] for r, rows in logs.items()}
+    steps = [ms for rows in logs.values() for _, ms, _ in rows]
+    mine = [statistics.median(waits[r]) for r in ranks if waits.get(r)]
+    others = [statistics.median(w) for r, w in waits.items() if r not in ranks and w]
     if not mine or not others or not steps:
-        p.valid, p.reason = False, "no steps to compare (the job logged nothing)"
-        return
+        return None
     lost_ms = max(0.0, statistics.median(others) - min(mine))
     step = statistics.median(steps)
-    p.slowdown = step / max(1e-6, step - lost_ms)
+    return step / max(1e-6, step - lost_ms), lost_ms
+
+
+# A job with no fault checks itself too: a rank the others waited for all along (the shared cores can
+# make one slower) holds the whole job back, and naming it is no phantom. A clean job is one that no rank
+# held back by CLEAN_MAX or more: explain's threshold (min_gap) less the run-to-run noise (GAP_NOISE).
+CLEAN_MAX = round(1 / (1 - EpisodeOptions().min_gap + GAP_NOISE), 2)
+
+
+def clean_check(run):
+    """Whether a job run without faults ran clean: (True, why) or (False, why), from its step logs."""
+    world = len(run.rank_nodes)
+    worst = None
+    for r in range(world):
+        found = _whole_job_slowdown(run.case_dir, world, run.t_start_ns, run.t_end_ns, [r])
+        if found is not None and (worst is None or found[0] > worst[1]):
+            worst = (r, found[0], found[1])
+    if worst is None:
+        return False, "no steps to compare (the job logged nothing)"
+    r, slowdown, lost_ms = worst
+    if slowdown >= CLEAN_MAX:
+        return False, (f"not clean: the others waited {lost_ms:.1f} ms more per step for rank {r} all along, the "
+                       f"job x{slowdown:.2f} (x{CLEAN_MAX:g} or more is no clean job)")
+    return True, f"clean: no rank held the job back by x{CLEAN_MAX:g} (at most rank {r}, x{slowdown:.2f})"
+
+
+def _judge_whole_job(p, case_dir, world, t_start, t_end):
+    """A fault over the whole job: how much slower the job ran for its ranks (_whole_job_slowdown)."""
+    found = _whole_job_slowdown(case_dir, world, t_start, t_end, p.ranks)
+    if found is None:
+        p.valid, p.reason = False, "no steps to compare (the job logged nothing)"
+        return
+    p.slowdown, lost_ms = found
     p.valid = p.slowdown >= p.valid_slowdown
     p.reason = (f"{p.fault} on {p.node} from the first step: the others wait {lost_ms:.1f} ms more per step, the "
                 f"job x{p.slowdown:.2f}" + ("" if p.valid else f", under the x{p.valid_slowdown:g} a valid phase needs"))
@@ -353,8 +386,6 @@ def diagnose(run, out_dir, name="schedule", **explain_options):
     agents trace every job of the harness; a user asks about the job they ran): it is not told when the
     faults were. The job's span is on CLOCK_MONOTONIC, one bound for every node: the test bed's hosts share
     one kernel."""
-    from pathlib import Path
-
     from straggler.analysis import explain
     from straggler.analysis.merge import merge
     from straggler.render.report import to_text
@@ -423,7 +454,6 @@ def main(argv=None):
     job with the scenario's faults at their times, explain it with its defaults, print each phase's check
     and score and the report's path, tear everything down."""
     import argparse
-    from pathlib import Path
 
     from straggler_lab import testbed
     from .harness import SyncJobHarness
