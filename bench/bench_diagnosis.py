@@ -47,11 +47,19 @@ def run_style(bed, out, style, faults, runs, log):
                               if f.cause in set(hz.EXPECTED_CAUSE_ENQUEUE.values()) | set(hz.EXPECTED_CAUSE.values())]
                     row.update(node_ok=node_ok, cause_ok=cause_ok, stragglers=report.stragglers, causes=causes[:3])
                 rows.append(row)
+                _drop_merged(out / style / "reports")
                 log(f"{style:8s} run {run} {fault:16s} x{case.slowdown:.2f} valid={case.valid} "
                     f"node={row.get('node_ok')} cause={row.get('cause_ok')} {row.get('stragglers')} {row.get('causes')}")
     finally:
         h.close()
     return rows
+
+
+def _drop_merged(reports):
+    """Each case's merged store holds the agents' whole history (they trace every case): once explained,
+    only its report is kept (42 of them had filled 68 GB)."""
+    for db in Path(reports).glob("*.db"):
+        db.unlink()
 
 
 def shapes():
@@ -87,6 +95,7 @@ def run_shapes(bed, out, style, runs, log, names=None):
                 result = sc.run_schedule(h, phases, seconds, name=f"{name}-{run}", **kw)
                 report = sc.diagnose(result, out / f"{style}-shapes" / "reports", f"{name}-{run}")
                 phantoms = len(sc.phantom_episodes(result, report))
+                _drop_merged(out / f"{style}-shapes" / "reports")
                 if not phases:             # a clean job checks itself too: did some rank hold it back all along?
                     clean, why = sc.clean_check(result)
                     row = dict(style=style, run=run, fault=name, expected="no straggler", valid=clean, reason=why,
