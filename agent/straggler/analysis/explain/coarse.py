@@ -151,13 +151,9 @@ def plan(runner, callers, rolled_to, clocks, min_gap, trace_first, trace_last, w
                 entry[0].add(unit[0] if by_rank else unit)
                 entry[1].append(why)
     rates = {b: r for b, r in enumerate(rate_med) if r}
-    if len(rates) >= 3:
-        level = statistics.median(rates.values())
-        spread = 1.4826 * statistics.median(abs(r - level) for r in rates.values())
-        threshold = max(floor * level, NOISE_K * spread)
-        for b, r in rates.items():
-            if level - r >= threshold:
-                marked.setdefault(b, (set(), []))[1].append("job-rate")
+    if rates:                          # the job's step rate fell: its drop rises (floor: that share of its rate)
+        for b in _rises({b: -r for b, r in rates.items()}, floor * statistics.median(rates.values())):
+            marked.setdefault(b, (set(), []))[1].append("job-rate")
     spans = [(max(0, b - MARGIN_MINUTES), min(n, b + MARGIN_MINUTES + 1), b) for b in sorted(marked)]
     # the parts not rolled up, per rank: before its roll-ups start (a store older than them), and from
     # where they end to its last summary (the minute an agent is writing)

@@ -290,20 +290,15 @@ def _long_trace(runner, opts, cut):
                                        for n in {k[0] for k in callers.keys}})
     if not coarse.too_long(callers, clocks):
         return None
-    indexed = runner.rows(sql.RANK_INDEX)
-    span_sql = sql.TRACE_SPAN if indexed and all(r["indexed"] for r in indexed) else sql.TRACE_SPAN_SCAN
-    spans = [r for r in runner.rows(span_sql) if r["first_ts"] is not None and r["last_ts"] is not None]
+    spans = [r for r in span.trace_spans(runner)[1] if r["first_ts"] is not None and r["last_ts"] is not None]
     if {r["node"] for r in spans} - {k[0] for k in callers.keys}:
         return None                    # a node without roll-ups (an older agent's): the whole trace is read
     trace_first = {(r["node"], int(r["pid"])): int(r["first_ts"]) for r in spans}
     trace_last = {(r["node"], int(r["pid"])): int(r["last_ts"]) for r in spans}
-    rolled_to = {}
+    rolled_to, sums = {}, {}           # sums: each rank's calling thread's time (where the job waits)
     for r in rows:
         key = (r["node"], int(r["pid"]))
         rolled_to[key] = max(rolled_to.get(key, 0), int(r["rolled_to"] or 0))
-    sums = {}                          # each rank's calling thread's time: where the job waits
-    for r in rows:
-        key = (r["node"], int(r["pid"]))
         if callers.calling.get(key) == int(r["tid"]):
             sums[key] = (r["wall_ns"] or 0, r["sync_ns"] or 0, r["other_ns"] or 0)
     found = coarse.plan(runner, callers, rolled_to, clocks, opts.min_gap, trace_first, trace_last,
@@ -321,11 +316,9 @@ def _stretch(plan, stretch):
     pids = {}
     for node, pid in stretch.keys:
         pids.setdefault(node, []).append(pid)
-    cut = span.Cut(since_ns=stretch.lo_ns, until_ns=stretch.hi_ns, clocks={n: plan.clocks[n] for n in nodes},
-                   pids=pids, per_node={n: (stretch.lo_ns - plan.clocks[n].offset_ns,
-                                            stretch.hi_ns - plan.clocks[n].offset_ns) for n in nodes},
-                   trace_start_ns=plan.t0_ns, trace_end_ns=plan.t1_ns,
-                   wall=any(k.aligned for k in plan.clocks.values()))
+    cut = span.Cut(clocks={n: plan.clocks[n] for n in nodes}, pids=pids, trace_start_ns=plan.t0_ns,
+                   trace_end_ns=plan.t1_ns, wall=any(k.aligned for k in plan.clocks.values()))
+    cut.bound(stretch.lo_ns, stretch.hi_ns)
     first, last = {}, {}
     for key in stretch.keys:
         lo, hi = cut.per_node[key[0]]
@@ -360,7 +353,8 @@ def _episodes_long(runner, opts, report, plan, span_rows):
         tail = coarse.Stretch(lo_ns=max(plan.t0_ns, plan.t1_ns - int(LONG_NOBODY_S * 1e9)), hi_ns=plan.t1_ns,
                               keys=coarse.ranks_for(plan.callers.keys, set()))
         cut, _ = _stretch(plan, tail)
-        rows = [r for r in span_rows if (r["node"], int(r["pid"])) in set(tail.keys)]
+        keys = set(tail.keys)
+        rows = [r for r in span_rows if (r["node"], int(r["pid"])) in keys]
         analysis = analyse(runner, opts, cut_windows(rows, opts, DEFAULT_BASELINE_FRACTION, cut), rows)
         _segmented_rejects(analysis.verdict)
         emit(report, analysis)

@@ -53,6 +53,14 @@ class Cut:
             hi = fhi if hi is None else hi if fhi is None else min(hi, fhi)
         return lo, hi
 
+    def bound(self, since_ns, until_ns):
+        """This cut from since_ns to until_ns on the fleet timeline (None: open), each of its clocks'
+        nodes cut at that time through its own clock. Returns self."""
+        self.since_ns, self.until_ns = since_ns, until_ns
+        self.per_node = {n: (None if since_ns is None else since_ns - c.offset_ns,
+                             None if until_ns is None else until_ns - c.offset_ns) for n, c in self.clocks.items()}
+        return self
+
     def until_only(self):
         """The same cut open at its start (what a job made when it started counts for the span)."""
         per_node = None if self.per_node is None else {n: (None, hi) for n, (_lo, hi) in self.per_node.items()}
@@ -94,6 +102,14 @@ def check(opts):
             time_bound(value, option)
 
 
+def trace_spans(runner):
+    """(the SQL, its rows): each traced process's first summary's start and last one's end, through the
+    (node, pid, ts) index where the store has it."""
+    indexed = runner.rows(sql.RANK_INDEX)
+    span_sql = sql.TRACE_SPAN if indexed and all(r["indexed"] for r in indexed) else sql.TRACE_SPAN_SCAN
+    return span_sql, runner.rows(span_sql)
+
+
 def resolve(runner, opts):
     """The Cut of `opts` (ExplainOptions: since/until on the fleet timeline, since_mono_ns/until_mono_ns
     the lab's): each node's clock and first summary read when a fleet-time bound is given. UsageError
@@ -102,10 +118,9 @@ def resolve(runner, opts):
     if opts.since is None and opts.until is None:
         return Cut(mono=mono)
     check(opts)
-    indexed = runner.rows(sql.RANK_INDEX)
-    span_sql = sql.TRACE_SPAN if indexed and all(r["indexed"] for r in indexed) else sql.TRACE_SPAN_SCAN
+    span_sql, rows = trace_spans(runner)
     first, last, pids = {}, {}, {}
-    for r in runner.rows(span_sql):
+    for r in rows:
         if r["first_ts"] is None:
             continue
         node = r["node"]
@@ -133,6 +148,4 @@ def resolve(runner, opts):
     if (cut.since_ns is not None and cut.since_ns >= cut.trace_end_ns) or \
             (cut.until_ns is not None and cut.until_ns <= cut.trace_start_ns):
         raise UsageError(cut.empty_message())
-    cut.per_node = {n: (None if cut.since_ns is None else cut.since_ns - c.offset_ns,
-                        None if cut.until_ns is None else cut.until_ns - c.offset_ns) for n, c in clocks.items()}
-    return cut
+    return cut.bound(cut.since_ns, cut.until_ns)
