@@ -388,6 +388,8 @@ def test_a_long_clean_trace_names_nobody(tmp_path):
     and the report names nobody."""
     report, _ = explained(tmp_path, [], noise=0.05, **LONG)
     assert report.straggler is None and not report.episodes, report.episodes
+    rolled = report.timeline["rollup"]                       # it looked through the roll-ups, every minute
+    assert rolled["bins"] >= 120 and rolled["marked"] == 0 and rolled["stretches"] == [], rolled
 
 
 @pytest.mark.slow

@@ -360,6 +360,7 @@ def _episodes_long(runner, opts, report, plan, span_rows):
         emit(report, analysis)
         report.nodes = rank_rows(analysis)
         report.findings.extend(warnings)
+        report.timeline = timeline.long_timeline_dict(plan, read)     # where it looked, and found nobody
         return analysis
     _assemble(report, judged, warnings)
     report.timeline = timeline.long_timeline_dict(plan, read)
