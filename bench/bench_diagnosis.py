@@ -5,7 +5,9 @@ and .schedule: a real 4-rank job on the test bed, real agents, real faults), in 
 
 Fault classes (one fault on one rank after a clean warm-up) and shapes: late (a CPU hog in the job's last
 12 s), intermittent (1 s on / 1 s off), from the first step (host compute), small (about x1.2), two ranks
-per node with one slow GPU, two ranks per node with a node-wide CPU hog, and the clean job.
+per node with one slow GPU, two ranks per node with a node-wide CPU hog, one rank doing more work every
+step (1.5x the kernels), one rank pausing 300 ms every 2 s, and the clean job; and, on stand-in GPUs read
+through NVML beside an idle spare GPU per host, one GPU throttled all along (enqueue style).
 For each case or phase: was it valid (the fault slowed the job; the clean job: no rank held it back all
 along, schedule.clean_check; invalid ones are counted apart, never as right or wrong), was the node right (its episode on exactly that node; nobody for the clean job, the
 machine-wide load step, and a slow GPU behind enqueued collectives without device evidence), was the first
@@ -78,8 +80,31 @@ def shapes():
         # host's ranks alike (no node is then slower than the others)
         "2x2-ranks-node-hog": (lambda: [sc.Phase("cpu-hog", host=1, start_s=8, end_s=22)], 30,
                                dict(ranks_per_host=2, hosts=2)),
+        # a CPU hog already there when the job's steps are first timed (the job slow all along)
+        "hog-from-first-step": (lambda: [sc.Phase("cpu-hog", host=0, start_s=0, end_s=None, size=4,
+                                                  valid_slowdown=sc.SMALL_VALID)], 24, {}),
+        # moving imbalance: a different rank does 3x the work at each step; nobody is named, its cost is reported
+        "imbalance": (lambda: [sc.Phase("imbalance", start_s=6, end_s=None, expect_named=False)], 30,
+                      dict(kernel_us=1200, hosts=3)),
+        # the work itself (GPU-bound steps, three ranks: see tests/test_diagnosis.py): one rank launching 1.5x
+        # the kernels every step, and one rank pausing 300 ms every 2 s (a full garbage collection)
+        "more-work": (lambda: [sc.Phase("more-work", rank=2, start_s=0, end_s=None, valid_slowdown=sc.SMALL_VALID)],
+                      24, dict(kernel_us=1200, hosts=3)),
+        "pauses": (lambda: [sc.Phase("pause", rank=1, start_s=6, end_s=None, valid_slowdown=1.06)], 40,
+                   dict(kernel_us=1200, hosts=3)),
         "clean": (lambda: [], 24, {}),
     }
+
+
+# behind collectives that only enqueue every rank waits in synchronize alike: a slower GPU, or more work on one
+# rank's GPU, cannot be told from the calls; without the GPU's own word nobody can be named
+HIDDEN_IN_ENQUEUE = ("gpu-slow", "more-work")
+
+
+def device_shapes():
+    """The GPU's own word, on stand-in GPUs read through NVML (enqueue style), each host with a spare GPU
+    that idles: name -> (phases factory, seconds)."""
+    return {"gpu-throttled-all-along": (lambda: [sc.Phase("gpu-throttled", rank=2, start_s=0, end_s=None, size=3)], 30)}
 
 
 def run_shapes(bed, out, style, runs, log, names=None):
@@ -99,19 +124,24 @@ def run_shapes(bed, out, style, runs, log, names=None):
                 if not phases:             # a clean job checks itself too: did some rank hold it back all along?
                     clean, why = sc.clean_check(result)
                     row = dict(style=style, run=run, fault=name, expected="no straggler", valid=clean, reason=why,
-                               phantoms=phantoms if clean else 0)
+                               phantoms=phantoms if clean else 0, **lost_check(result, report))
                     if clean:
                         row.update(node_ok=not report.episodes, cause_ok=not report.episodes, start_ok=True)
                     rows.append(row)
                     log(f"{style:8s} run {run} {name:18s} no fault, {why}: {len(report.episodes)} episode(s) named "
                         f"{[e['node'] for e in report.episodes]} phantoms={phantoms}")
+                lost = lost_check(result, report)
                 for p in result.phases:
                     expected = p.expected_cause
-                    if style == "enqueue" and p.fault == "gpu-slow":
+                    if style == "enqueue" and p.fault in HIDDEN_IN_ENQUEUE:
                         expected = "device-wide"       # no device evidence here: nobody can be named
-                    row = dict(style=style, run=run, fault=name, expected=expected, valid=p.valid, reason=p.reason,
-                               slowdown=None if p.slowdown is None else round(p.slowdown, 2), phantoms=phantoms)
-                    if p.valid:
+                    row = dict(style=style, run=run, fault=name, expected=expected or "no straggler", valid=p.valid,
+                               reason=p.reason, slowdown=None if p.slowdown is None else round(p.slowdown, 2),
+                               phantoms=phantoms, **lost)
+                    if p.valid and not p.expect_named:     # the job's own fault (imbalance): nobody, its cost said
+                        said = any(f.cause == "imbalance" for f in report.findings) or not lost.get("lost_measured")
+                        row.update(node_ok=not report.episodes, cause_ok=said, start_ok=True)
+                    elif p.valid:
                         if expected == "device-wide":
                             none = sc.episode_of(result, p, report) is None
                             row.update(node_ok=none, cause_ok=none, start_ok=True)
@@ -120,6 +150,49 @@ def run_shapes(bed, out, style, runs, log, names=None):
                     rows.append(row)
                     log(f"{style:8s} run {run} {name:18s} {row.get('reason', '')} node={row.get('node_ok')} "
                         f"cause={row.get('cause_ok')} start={row.get('start_ok')} phantoms={phantoms}")
+    finally:
+        h.close()
+    return rows
+
+
+LOST_TOLERANCE = 0.15         # the time lost explain reports, within this share of what the job's own logs say
+
+
+def lost_check(result, report):
+    """explain's what-if (the job's time lost at its sync points) against the truth the ranks' own step logs
+    give over the same sync points: {lost_measured, lost_s, lost_truth_s, lost_ok}."""
+    w = report.whatif or {}
+    if not w.get("measured"):
+        return dict(lost_measured=False)
+    rmm = result.real_minus_mono_ns
+    truth, _ = sc.lost_truth(result, w["first_ns"] - rmm, w["last_ns"] - rmm)
+    ok = abs(w["lost_s"] - truth) <= max(LOST_TOLERANCE * truth, 0.01 * w["span_s"])
+    return dict(lost_measured=True, lost_s=w["lost_s"], lost_truth_s=round(truth, 2), lost_ok=ok)
+
+
+def run_devices(bed, out, runs, log):
+    """device_shapes(), enqueue style, on a harness whose agents read the stand-in GPUs through NVML."""
+    rows = []
+    h = hz.SyncJobHarness(bed, out / "devices", style="enqueue", gpus=True, spare_gpus=1)
+    try:
+        h._build()
+        libs = ["libcuda.so.1", "libcudart.so.12", "libnccl.so.2"]
+        h.start_agents(extra_args=[a for lib in libs for a in ("--cuda-lib", h.standin_dir / lib)])
+        for run in range(runs):
+            for name, (make, seconds) in device_shapes().items():
+                result = sc.run_schedule(h, make(), seconds, name=f"{name}-{run}")
+                report = sc.diagnose(result, out / "devices" / "reports", f"{name}-{run}")
+                phantoms = len(sc.phantom_episodes(result, report))
+                _drop_merged(out / "devices" / "reports")
+                for p in result.phases:
+                    row = dict(style="enqueue", run=run, fault=name, expected=p.expected_cause, valid=p.valid,
+                               reason=p.reason, slowdown=None if p.slowdown is None else round(p.slowdown, 2),
+                               phantoms=phantoms)
+                    if p.valid:
+                        row.update(zip(("node_ok", "cause_ok", "start_ok"), sc.score_phase(result, p, report)))
+                    rows.append(row)
+                    log(f"enqueue  run {run} {name:18s} {p.reason} node={row.get('node_ok')} cause={row.get('cause_ok')} "
+                        f"start={row.get('start_ok')} phantoms={phantoms}")
     finally:
         h.close()
     return rows
@@ -137,16 +210,18 @@ def matrix(rows):
             out.append(dict(style=style, fault=fault, expected=expected or "no straggler",
                             runs=len(mine), valid=len(valid), node_right=sum(1 for r in valid if r["node_ok"]),
                             cause_right=sum(1 for r in valid if r["cause_ok"])))
-        for name in shapes():
+        for name in list(shapes()) + list(device_shapes()):
             mine = [r for r in rows if r["style"] == style and r["fault"] == name]
             if not mine:
                 continue
             valid = [r for r in mine if r["valid"]]
+            measured = [r for r in valid if r.get("lost_measured")]
             out.append(dict(style=style, fault=name, expected=mine[0]["expected"], runs=len(mine), valid=len(valid),
                             node_right=sum(1 for r in valid if r["node_ok"]),
                             cause_right=sum(1 for r in valid if r["cause_ok"]),
                             start_right=sum(1 for r in valid if r.get("start_ok")),
-                            phantoms=sum(r.get("phantoms", 0) for r in mine)))
+                            phantoms=sum(r.get("phantoms", 0) for r in mine),
+                            lost_measured=len(measured), lost_right=sum(1 for r in measured if r["lost_ok"])))
     return out
 
 
@@ -157,6 +232,8 @@ def main(argv=None):
     ap.add_argument("--faults", default=",".join(hz.FAULTS))
     ap.add_argument("--styles", default="blocking,enqueue")
     ap.add_argument("--shapes", default=",".join(shapes()), help="the shapes in time to run ('' for none)")
+    ap.add_argument("--devices", default=",".join(device_shapes()),
+                    help="the shapes of the GPU's own word to run, enqueue style ('' for none)")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("bench_diagnosis: needs root (test bed, eBPF): skipped", file=sys.stderr)
@@ -183,6 +260,8 @@ def main(argv=None):
             names = [n for n in args.shapes.split(",") if n]
             if names:
                 rows += run_shapes(bed, out, style, runs, lambda text: print(text, flush=True), names)
+        if [n for n in args.devices.split(",") if n] and "enqueue" in styles:
+            rows += run_devices(bed, out, runs, lambda text: print(text, flush=True))
         complete = True
     finally:
         if bed is not None:
@@ -197,11 +276,13 @@ def main(argv=None):
         res_dir.mkdir(parents=True, exist_ok=True)
         (res_dir / "diagnosis.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     print(render.table_text(["style", "fault or shape", "expected", "runs", "valid", "node right", "cause right",
-                             "start within 5 s", "named without a fault"],
+                             "start within 5 s", "named without a fault", "time lost within 15 %"],
                             [(m["style"], m["fault"], m["expected"], m["runs"], m["valid"],
                               f"{m['node_right']}/{m['valid']}", f"{m['cause_right']}/{m['valid']}",
                               f"{m['start_right']}/{m['valid']}" if "start_right" in m else "",
-                              m.get("phantoms", "")) for m in table],
+                              m.get("phantoms", ""),
+                              f"{m['lost_right']}/{m['lost_measured']}" if m.get("lost_measured") else "")
+                             for m in table],
                             title="diagnosis accuracy, explain with its defaults (valid cases only)"))
     print(f"results: {res_dir / 'diagnosis.json'}")
     return 0

@@ -78,6 +78,7 @@ struct config {
     u32 auto_target;   /* 1: an in-scope process that calls a traced function becomes a target */
     u32 notify_exec;   /* 1: report every in-scope exec (so --comm patterns are matched at once) */
     u32 self_tgid;     /* the agent itself: its own block I/O (the database) is not traced */
+    u32 record_coll;   /* 1: every collective call gets a row (WHY_COLL): each rank's steps, in order */
 };
 
 /* A frame of a traced call in progress (entry seen, return not yet). */
@@ -88,7 +89,8 @@ struct frame {
     u16 op;       /* base op id (aggregation) */
     u16 sym;      /* symbol id (which variant was called) */
     u32 epoch;    /* the thread's off-CPU epoch at entry: changed at return => the call overlapped an off-CPU interval */
-    u32 out_comm; /* 1: bytes holds the address of an out-parameter communicator, read at return (cuda.c) */
+    u32 kind;     /* FRAME_OUT_COMM: bytes holds the address of an out-parameter communicator, read at return;
+                   * FRAME_COLLECTIVE: a collective (cuda.c) */
     u64 sp;       /* user stack pointer at entry: a nested call's is lower (frames whose call returned unseen are dropped) */
 };
 #define MAX_DEPTH 4   /* runtime -> driver nesting; power of two */

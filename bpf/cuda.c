@@ -27,7 +27,7 @@
 #define ARG_NCCL_REDUCE 9  /* Reduce (send, recv, count, datatype, op, root, comm at [sp+8], stream) */
 #define ARG_NCCL_P2P 10    /* Send, Recv (buf, count, datatype, peer, comm, stream) */
 /* Communicator set-up: always a row (WHY_SETUP). The new communicator is an out-parameter, read at return
- * (frame.out_comm: frame.bytes holds its address until then); dims[4..5] = the new communicator (lo, hi). */
+ * (frame.kind FRAME_OUT_COMM: frame.bytes holds its address until then); dims[4..5] = the new communicator (lo, hi). */
 #define ARG_NCCL_INIT 11   /* CommInitRank(ncclComm_t *comm, nranks, ncclUniqueId id, rank[, config]): the 128-byte id
                               is passed in memory (on the stack at [sp+8]), so rank is the third REGISTER (rdx).
                               dims = nranks, rank, the id's first 8 bytes (NCCL's random magic: the same on every
@@ -44,6 +44,9 @@
 #define WHY_SAMPLE 8
 #define WHY_ERROR 16   /* the call returned an error: cudaError_t, CUresult and ncclResult_t are 0 on success */
 #define WHY_SETUP 32   /* communicator set-up (ARG_NCCL_INIT, ARG_NCCL_SPLIT): rare, and what explain groups by */
+#define WHY_COLL 64    /* a collective, with config.record_coll: every one, so each rank's steps line up */
+#define FRAME_OUT_COMM 1    /* frame.kind: a set-up call's out-parameter communicator, read at return */
+#define FRAME_COLLECTIVE 2  /* frame.kind: a collective (ARG_NCCL .. ARG_NCCL_P2P) */
 #define NCCL_IN_PROGRESS 7   /* ncclInProgress */
 #define CLASS_COLLECTIVE 3   /* op_class: NCCL's functions (probes/symbols.py CALL_CLASSES) */
 
@@ -149,7 +152,7 @@ static __always_inline int call_entry(struct pt_regs *ctx, u16 sym, u16 op, int 
     f->op = op;
     f->sym = sym;
     f->epoch = cs->epoch;
-    f->out_comm = 0;
+    f->kind = 0;
     switch (arg_kind) {
     case ARG_BYTES2:
         f->bytes = PT_REGS_PARM2(ctx);
@@ -186,6 +189,7 @@ static __always_inline int call_entry(struct pt_regs *ctx, u16 sym, u16 op, int 
     case ARG_NCCL_GATHER:
     case ARG_NCCL_REDUCE:
     case ARG_NCCL_P2P: {
+        f->kind = FRAME_COLLECTIVE;
         u64 count = PT_REGS_PARM3(ctx), comm = PT_REGS_PARM6(ctx);
         u32 dtype = (u32)PT_REGS_PARM4(ctx), op = 0xffff, who = 0xffff;
         if (arg_kind == ARG_NCCL) {
@@ -218,7 +222,7 @@ static __always_inline int call_entry(struct pt_regs *ctx, u16 sym, u16 op, int 
         u64 magic = 0;
         bpf_probe_read_user(&magic, sizeof(magic), (void *)(PT_REGS_SP(ctx) + 8));
         f->bytes = PT_REGS_PARM1(ctx);
-        f->out_comm = 1;
+        f->kind = FRAME_OUT_COMM;
         f->dims[0] = (u32)PT_REGS_PARM2(ctx);
         f->dims[1] = (u32)PT_REGS_PARM3(ctx);
         f->dims[2] = (u32)magic;
@@ -230,7 +234,7 @@ static __always_inline int call_entry(struct pt_regs *ctx, u16 sym, u16 op, int 
     case ARG_NCCL_SPLIT: {
         u64 parent = PT_REGS_PARM1(ctx);
         f->bytes = PT_REGS_PARM4(ctx);
-        f->out_comm = 1;
+        f->kind = FRAME_OUT_COMM;
         f->dims[0] = (u32)PT_REGS_PARM2(ctx);
         f->dims[1] = (u32)PT_REGS_PARM3(ctx);
         f->dims[2] = (u32)parent;
@@ -342,8 +346,10 @@ int call_return(struct pt_regs *ctx)
     }
     if (rc != 0 && !in_progress)
         why |= WHY_ERROR;
+    if (c->record_coll && f->kind == FRAME_COLLECTIVE)
+        why |= WHY_COLL;
     u64 new_comm = 0;
-    if (f->out_comm) {
+    if (f->kind == FRAME_OUT_COMM) {
         why |= WHY_SETUP;
         if ((rc == 0 || in_progress) && f->bytes)   /* non-blocking: the pointer is valid at once */
             bpf_probe_read_user(&new_comm, sizeof(new_comm), (void *)f->bytes);

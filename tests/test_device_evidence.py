@@ -85,3 +85,41 @@ def test_a_gpus_word_is_read_in_the_stretch_where_it_said_it():
     xid = devices.within([(12, 13, "gpu-errors"), (30, 31, "gpu-throttled")], slow)
     assert (xid.start, xid.end) == (12, 46)
     assert devices.within([(50, 55, "gpu-throttled")], slow) is None
+
+
+def test_an_idle_spare_gpu_is_no_evidence_and_the_throttled_one_at_work_is_named(tmp_path):
+    """Each node has a spare GPU that idles at its lowest clock (NVML's gpu_idle, no slowdown reason):
+    it is neither throttled nor the measure of the others, so the one throttled GPU at work still stands
+    out among the GPUs at work (counted with the idle ones, half the GPUs looked 'throttled' alike)."""
+    path = str(tmp_path / "cluster.db")
+    series.write_cluster(path, series.SeriesSpec(seconds=600, style="enqueue", gpus=True, idle_gpus=1,
+                                                 faults=[gpu_fault(2, "throttle")]))
+    report = explain.explain_db(path)
+    assert report.straggler == "gpu-node-03", report.findings
+    assert explain.top_cause(report, "gpu-node-03").cause == "gpu-throttled"
+    assert not [f for f in report.findings if f.node != "gpu-node-03" and f.cause == "gpu-throttled"]
+
+
+def test_a_gpu_throttled_all_along_is_named_against_the_other_gpus_at_work(tmp_path):
+    """A GPU throttled before tracing began and to its end: the job has no clean time to be measured
+    against (the trace's best rate is the slow one), so the GPU is judged against the other GPUs at work at
+    the same time — named, its cost said to be unmeasured, never 'the job did not slow down'."""
+    report = explained(tmp_path, [gpu_fault(2, "throttle", start_s=0, end_s=600)])
+    assert report.straggler == "gpu-node-03", report.findings
+    top = explain.top_cause(report, "gpu-node-03")
+    assert top.cause == "gpu-throttled" and "hw_thermal_slowdown" in top.summary
+    (episode,) = report.episodes
+    assert episode["all_along"] and episode["slowdown"] is None and episode["lost_s"] is None
+    assert [r["rank"] for r in episode["ranks"]] == [2]
+    lead = next(f for f in report.findings if f.cause == "straggler")
+    assert "slow all along: no clean time in this trace" in lead.summary
+    assert not [f for f in report.findings if "did not slow down" in f.summary]
+    from straggler.render.report import to_text
+    assert "all along" in to_text(report, show_sql=False) and "not measured" in to_text(report, show_sql=False)
+
+
+def test_every_gpu_throttled_all_along_names_nobody_and_says_so(tmp_path):
+    report = explained(tmp_path, [gpu_fault(n, "throttle", start_s=0, end_s=600) for n in range(4)])
+    assert report.straggler is None and report.episodes == []
+    (warning,) = [f for f in report.findings if f.cause == "gpu-throttled"]
+    assert warning.severity == "warning" and "all along this trace, as on 3 other GPU(s) alike" in warning.summary

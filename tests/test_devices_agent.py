@@ -105,8 +105,8 @@ class TestWithGpus:
         by_ts = query(db, "SELECT ts, group_concat(gpu) FROM (SELECT ts, gpu FROM gpu_samples ORDER BY ts, gpu) "
                           "GROUP BY ts ORDER BY ts LIMIT 3")
         assert [gpus for _, gpus in by_ts] == ["0,1,2,3"] * 3          # all GPUs in each sample
-        for gpu in range(GPUS):
-            first = samples(db, gpu)[0]
+        for gpu in range(GPUS):       # at work (its rank has loaded the stand-in libcuda): its configured values
+            first = wait_until(lambda: samples(db, gpu, "util_gpu_pct > 0"))[0]
             assert first[1:] == (SM_MAX, SM_MAX, 0, "", 45, 5, 16, None)
         assert query(db, "SELECT gpu, uuid, pci_bus_id FROM gpus ORDER BY gpu") == [
             (g["index"], g["uuid"], g["pci"]) for g in job["gpus"]]

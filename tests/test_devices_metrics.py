@@ -238,6 +238,9 @@ def test_what_the_agents_sampler_read_from_nvml_is_on_metrics(tmp_path):
              sm_max_mhz=1980, minor=0, nvlinks=4),
         dict(index=1, uuid="GPU-22222222-0000-4000-8000-000000000000", pci="0000:5c:00.0",
              control=str(tmp_path / "rank1.ctl"), sm_max_mhz=1755, minor=1, unsupported="power")])
+    # both GPUs at work: used by this process (the stand-in's registry, as its libcuda writes it); an idle GPU
+    # would idle at its lowest clock
+    Path(f"{config}.procs").write_text(f"{os.getpid()} 0 {1 << 30}\n{os.getpid()} 1 {1 << 30}\n")
     env = dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(nvml), STRAGGLER_STANDIN_NVML_CONFIG=config,
                PYTHONPATH=str(REPO / "agent"))
     db = str(tmp_path / "agent.db")

@@ -59,6 +59,13 @@ def libs(tmp_path_factory):
     return {"dir": lib_dir, "nvml": nvml, "libcuda": build_standin(lib_dir)}
 
 
+def at_work(gpus, *indexes):
+    """This process uses the stand-in GPUs `indexes` (the registry the stand-in libcuda writes for a
+    process that loaded it: 'pid gpu bytes' lines): they work, the others idle."""
+    registry = gpus["config"].with_name(gpus["config"].name + ".procs")
+    registry.write_text("".join(f"{os.getpid()} {i} {1 << 30}\n" for i in indexes))
+
+
 @pytest.fixture
 def gpus(libs, tmp_path, monkeypatch):
     """Three stand-in GPUs, each with its rank's control file (empty: no fault); GPU 1's minor is 5."""
@@ -72,7 +79,9 @@ def gpus(libs, tmp_path, monkeypatch):
                          unsupported="power,ecc" if index == 2 else ""))
     write_nvml_config(config, spec)
     monkeypatch.setenv("STRAGGLER_STANDIN_NVML_CONFIG", str(config))
-    return {"config": config, "spec": spec, "control": [tmp_path / f"rank{i}.ctl" for i in range(3)], "dir": tmp_path}
+    out = {"config": config, "spec": spec, "control": [tmp_path / f"rank{i}.ctl" for i in range(3)], "dir": tmp_path}
+    at_work(out, 0, 1, 2)             # each used by this process (an idle GPU idles at its lowest clock)
+    return out
 
 
 @pytest.fixture
@@ -95,6 +104,7 @@ def control(gpus, index, text):
 
 # ---- samples -------------------------------------------------------------------------------------
 def test_every_gpu_is_sampled_each_interval_with_its_configured_values(monitor, gpus):
+    at_work(gpus, 0, 1)               # GPU 2 idles, as a node's spare GPU does
     for second in range(3):
         monitor.poll(second * SECOND)
     samples = monitor.store.samples()
@@ -103,7 +113,12 @@ def test_every_gpu_is_sampled_each_interval_with_its_configured_values(monitor, 
         assert [s["ts"] for s in samples[index]] == [0, SECOND, 2 * SECOND]
         last = samples[index][-1]
         assert last["node"] == "n1"
+        if index == 2:                # idle: its lowest clock, NVML's gpu_idle event, no slowdown reason
+            assert (last["sm_clock_mhz"], last["sm_clock_max_mhz"], last["util_gpu_pct"]) == (210, SM_MAX[2], 0)
+            assert (last["clock_events"], last["clock_event_names"]) == (0x1, "gpu_idle")
+            continue
         assert last["sm_clock_mhz"] == last["sm_clock_max_mhz"] == SM_MAX[index]
+        assert last["util_gpu_pct"] == 95
         assert (last["clock_events"], last["clock_event_names"]) == (0, "")
         assert (last["pcie_gen"], last["pcie_gen_max"], last["pcie_width"], last["pcie_width_max"]) == (5, 5, 16, 16)
         assert last["mem_total_bytes"] == 80 << 30 and last["temperature_c"] == 45
@@ -184,6 +199,7 @@ USER_CODE = "import ctypes, sys; ctypes.CDLL(sys.argv[1]); sys.stdout.write('up\
 
 
 def test_which_process_uses_which_gpu_from_nvml_and_from_its_device_files(monitor, gpus, libs):
+    at_work(gpus)                     # only the processes this test starts use a GPU
     env = dict(os.environ, STRAGGLER_STANDIN_CONTROL=str(gpus["control"][2]))
     user = subprocess.Popen([sys.executable, "-c", USER_CODE, libs["libcuda"]], env=env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)

@@ -7,6 +7,10 @@ kernel log as root. explain with its defaults over the job:
   every GPU throttled    -> nobody named, a warning that the fleet's GPUs all say the same
   one GPU with an Xid 79 -> that node named, gpu-errors
   the clean time between -> no episode (nothing named where there was no fault)
+and, in a job of its own on hosts that each have a spare GPU no rank uses (it idles at its lowest clock):
+  one GPU throttled from before the first step to the last -> that node named, slow all along (no clean
+                                                              time to measure the job against), never
+                                                              "the job did not slow down"
 Each phase checks itself first: one that did not slow the job is left out, with the reason.
 """
 import pytest
@@ -19,7 +23,7 @@ pytestmark = pytest.mark.bpf
 
 @pytest.fixture(scope="module")
 def harness(testbed, tmp_path_factory):
-    h = hz.SyncJobHarness(testbed, tmp_path_factory.mktemp("devices"), style="enqueue", gpus=True)
+    h = hz.SyncJobHarness(testbed, tmp_path_factory.mktemp("devices"), style="enqueue", gpus=True, spare_gpus=1)
     try:
         h._build()
         libs = ["libcuda.so.1", "libcudart.so.12", "libnccl.so.2"]
@@ -51,3 +55,24 @@ def test_a_slow_gpu_behind_enqueued_collectives_is_named_by_its_own_word(harness
         assert any(f.cause == "gpu-throttled" and f.severity == "warning" and "alike" in f.summary
                    for f in report.findings), text
     assert sc.phantom_episodes(run, report) == [], text
+
+
+def test_a_gpu_throttled_all_along_beside_idle_spare_gpus_is_named_slow_all_along(harness, tmp_path):
+    """Tracing starts on a job already slow: rank 2's GPU throttled before its first step and to its last,
+    every host with a spare GPU idling at its lowest clock. The job has no clean time (its best rate is the
+    slow one), so the GPU is judged against the other GPUs at work: named, slow all along; the idle spares
+    are no evidence (as throttled GPUs they would make half the fleet look alike)."""
+    phases = [sc.Phase("gpu-throttled", rank=2, start_s=0, end_s=None, size=3)]
+    run = sc.run_schedule(harness, phases, seconds=30, name="all-along")
+    (p,) = run.phases
+    if not p.valid:
+        pytest.skip(f"invalid case: {p.reason}")
+    report = sc.diagnose(run, tmp_path, "all-along")
+    text = to_text(report, show_sql=False, width=150) + f"\nphase: {p.reason}"
+    node_ok, cause_ok, start_ok = sc.score_phase(run, p, report)
+    assert node_ok and cause_ok and start_ok, text
+    e = sc.episode_of(run, p, report)
+    assert e["all_along"] and e["slowdown"] is None and e["lost_s"] is None, text
+    assert not [f for f in report.findings if "did not slow down" in f.summary], text
+    assert sc.phantom_episodes(run, report) == [], text
+

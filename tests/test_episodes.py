@@ -152,6 +152,46 @@ def test_bins_without_data_neither_start_nor_end_an_episode():
     assert runs(g) == [(50, 150)]
 
 
+def pause_gaps(n=120, every=2, gap=0.15, sigma=0.02, seed=3):
+    """One rank's gaps: noise, and a pause every `every` bins that leaves its peers `gap` of a bin more."""
+    return [g + (gap if (b - 10) % every == 0 and 10 <= b < n - 10 else 0.0) for b, g in enumerate(noise(n, sigma, seed))]
+
+
+def test_an_episode_ended_at_the_edge_stays_open_until_a_resumption_would_be_a_new_one():
+    """A fault that quiets for a few seconds, read while it is quiet (a live watch at the newest data): its
+    run ends at the edge, but once the fault resumes the segmentation bridges the quiet bins into the same
+    episode — so it may resume, and says so, until the bins after it make a resumption a new episode."""
+    fault, quiet, back = [0.5] * 15, [0.0] * 4, [0.5] * 6
+    at_the_edge = noise(10) + fault + quiet
+    (run,) = ep.straggling_runs(at_the_edge)
+    assert run.end == 25                                     # ended at its first quiet bin, read at the edge
+    assert ep.may_resume(at_the_edge[run.end:])              # ... but not closed:
+    assert runs(at_the_edge + back) == [(10, 35)]            # resumed, it is the same episode
+    recovered = noise(10) + fault + [0.0] * 10
+    (run,) = ep.straggling_runs(recovered)
+    assert not ep.may_resume(recovered[run.end:])            # healthy long enough: closed
+    assert len(runs(recovered + back)) == 2                  # and a resumption is a new run
+    assert ep.may_resume([None] * 20) and not ep.may_resume([-0.5] * 3)   # no data says nothing; clearly healthy
+
+
+def test_a_short_pause_every_few_seconds_is_found_with_its_length_and_period():
+    for every, gap in ((2, 0.15), (3, 0.12), (5, 0.3)):
+        p = ep.pauses(pause_gaps(every=every, gap=gap))
+        assert p is not None, (every, gap)
+        expected = range(10, 110, every)
+        assert p.period_bins == every and len(expected) - 2 <= len(p.runs) <= len(expected)   # (a pause in noise)
+        assert p.length_bins == pytest.approx(gap, abs=0.03) and p.start <= 10 + every and p.end >= expected[-1]
+
+
+def test_noise_a_steady_straggler_and_a_long_on_off_fault_are_no_pauses():
+    assert ep.pauses(noise(600, 0.04, seed=7)) is None                       # heavy noise, no rhythm
+    assert ep.pauses([g + (0.3 if b >= 40 else 0) for b, g in enumerate(noise(120, 0.02))]) is None   # steady
+    assert ep.pauses(pause_gaps(every=2, gap=0.6)) is None     # 600 ms of every 2 s: a fault that comes and goes
+    assert ep.pauses(pause_gaps(every=15, gap=0.3)) is None    # too far apart to be a rhythm of the job's
+    few = pause_gaps(every=2, gap=0.15)
+    assert ep.pauses([g if b < 17 else 0.0 for b, g in enumerate(few)]) is None     # four pauses only
+
+
 def test_the_gap_of_each_rank_is_the_others_median_minus_its_own():
     waits = {"a": [0.1, 0.6, None], "b": [0.6, 0.6, 0.5], "c": [0.5, 0.1, 0.5]}
     gaps = ep.gap_series(waits)
@@ -209,6 +249,26 @@ def test_host_compute_from_the_first_step_is_host_compute(tmp_path):
                           seconds=600)
     assert report.straggler == "gpu-node-01" and cause_of(report, "gpu-node-01") == "host-compute"
     assert report.episodes[0]["slowdown_estimated"]          # no clean time: estimated from the waiters
+
+
+def test_a_rank_pausing_150_ms_every_2_s_is_one_episode_of_pauses_with_its_cost(tmp_path):
+    """A full garbage collection on one rank: 150 ms of host compute every 2 s, its peers waiting for it
+    each time — each pause bin's gap under min_gap, the trace's mean gap half that. One episode on that
+    rank, its pauses counted with their length and period, host compute its cause, and the time the job
+    lost to them (about a pause's peers' wait each time)."""
+    path = str(tmp_path / "cluster.db")
+    fault = series.Fault(node=1, kind="host", start_s=100, end_s=400, on_s=0.15, off_s=1.85, slow=3.0)
+    series.write_cluster(path, series.SeriesSpec(seconds=600, faults=[fault]))
+    report = explain.explain_db(path)
+    (e,) = report.episodes
+    assert e["node"] == "gpu-node-02" and [r["rank"] for r in e["ranks"]] == [1]
+    assert abs(e["start_ns"] - (series.REFERENCE_T0_NS + 100 * S)) <= 2 * S and e["duration_s"] == pytest.approx(300, abs=3)
+    assert e["pauses"]["count"] == 150 and e["pauses"]["period_s"] == 2.0
+    assert 0.1 <= e["pauses"]["length_s"] <= 0.3
+    assert explain.top_cause(report, "gpu-node-02").cause == "host-compute"
+    assert 10 <= e["lost_s"] <= 40          # ~150 pauses x their peers' wait (~0.1-0.2 s)
+    from straggler.render.report import to_text
+    assert "pauses: 150 of ~" in to_text(report, show_sql=False)
 
 
 def test_two_episodes_lead_with_the_costliest(tmp_path):

@@ -131,6 +131,32 @@ def test_a_rank_calling_far_more_often_is_not_in_lockstep():
     assert verdict.stragglers == [] and "lockstep" in verdict.rejected[0][1]
 
 
+def mix(launches, collectives, **more):
+    """Each rank's kernels and collectives as the aggregates count them: n1..n3 alike, n4 as given."""
+    out = {(n, 100): dict(launches=20 * 50, collectives=50) for n in ("n1", "n2", "n3")}
+    out[("n4", 100)] = dict(launches=launches, collectives=collectives)
+    out.update(more)
+    return out
+
+
+def test_a_rank_doing_more_work_between_the_same_collectives_is_in_lockstep_and_named():
+    """It calls CUDA 1.5x as often (more kernels per step), its collectives as often as the others': the
+    lockstep test counts the collectives, so it is named — and work_ratio says how much more it does."""
+    ranks = [healthy("n1"), healthy("n2"), healthy("n3"),
+             rank("n4", thread(1, calls=150, sync_ns=0.45, coll_ns=0.05))]
+    verdict = model.find_stragglers(ranks, [], OPTS, mix=mix(30 * 50, 50))
+    assert [s["rank"].key[0] for s in verdict.stragglers] == ["n4"], verdict.rejected
+    mine, med, ratio = model.work_ratio(("n4", 100), [("n1", 100), ("n2", 100), ("n3", 100)], mix(30 * 50, 50))
+    assert (mine, med) == (30, 20) and ratio == pytest.approx(1.5)
+
+
+def test_a_rank_calling_collectives_at_another_rate_is_not_in_lockstep():
+    ranks = [healthy("n1"), healthy("n2"), healthy("n3"),
+             rank("n4", thread(1, calls=150, sync_ns=0.2, coll_ns=0.05))]
+    verdict = model.find_stragglers(ranks, [], OPTS, mix=mix(30 * 50, 75))
+    assert verdict.stragglers == [] and "calls collectives ×1.50 as often" in verdict.rejected[0][1]
+
+
 def test_run_queue_thieves_split_into_own_threads_and_others():
     recent = {("own", 100, "worker"): 3 * S, ("process", 55, "cpuhog"): 1 * S, ("kernel", 9, "kworker/0"): 0}
     baseline = {("own", 100, "worker"): 1 * S}
@@ -144,6 +170,14 @@ def test_io_is_another_process_only_when_its_io_dwarfs_the_trainers_and_the_trai
     assert model.classify_io(1 << 20, 1 << 20, 100 << 20, 10, 10) == "io-other"
     assert model.classify_io(50 << 20, 1 << 20, 100 << 20, 10, 10) == "io-self"   # its own I/O grew 50x
     assert model.classify_io(1 << 20, 1 << 20, 1 << 20, 10, 10) == "io-self"
+
+
+def test_the_cpu_a_rank_spent_copying_its_own_writes_is_its_ios():
+    """9 GiB written in 10 s (none in its baseline) took it at least 9/4 s of CPU at 4 GiB/s: 22.5 % of its
+    time, host compute to the model, its own I/O's to explain; what it always wrote is no growth."""
+    assert model.copy_share(9 << 30, 0, 10, 10, 4 << 30) == pytest.approx(0.225)
+    assert model.copy_share(9 << 30, 9 << 30, 10, 10, 4 << 30) == 0.0
+    assert model.copy_share(9 << 30, 0, 0, 10, 4 << 30) == 0.0
 
 
 # ---- NCCL communicators (comms.py)

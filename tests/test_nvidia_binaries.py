@@ -172,7 +172,7 @@ def test_nccl_from_its_wheel_with_each_calls_arguments(traced):
         assert len(details) == times
         for detail in details:
             assert {k: detail.get(k) for k in args} == args, (op, detail)
-            assert detail["comm"] == output["comm"] != "0x0" and own_reasons(detail) == ["error"]
+            assert detail["comm"] == output["comm"] != "0x0" and own_reasons(detail) == ["error", "collective"]
             assert not {"op", "root", "peer"} - set(args) & set(detail), (op, detail)   # only what the call has
     sizes = dict(query(traced["db"], "SELECT op, MIN(bytes) FROM events WHERE pid = ? GROUP BY op", (pid,)))
     assert sizes["ncclAllReduce"] == 4000 and sizes["ncclReduce"] == 128 and sizes["ncclSend"] == 64

@@ -42,6 +42,7 @@ class AgentOptions:
     cuda_libs: List[str] = field(default_factory=list)     # also attach to these libraries (made absolute)
     scope: str = "host"                 # host: every process; netns: the agent's network namespace only
     record_all: bool = False
+    collective_rows: bool = True        # a row for every collective call: each rank's steps, lined up by explain
     sample: int = 100                   # also record a random 1 in N of the other calls (0: none)
     slow_factor: float = 8.0            # a call >= F x the running median of its op is slow
     slow_floor_us: float = 10000.0      # a call this long is always slow
@@ -182,7 +183,8 @@ class Agent:
         self.probes = Probes(call_ringbuf_kib=opts.ringbuf_kb, sys_ringbuf_kib=opts.sys_ringbuf_kb)
         self.decoder = Decoder(self.rank_of)
         self.probes.attach_tracepoints()
-        self.probes.set_config(record_all=opts.record_all, sample_n=opts.sample, scope_all=opts.scope == "host",
+        self.probes.set_config(record_all=opts.record_all, record_coll=opts.collective_rows, sample_n=opts.sample,
+                               scope_all=opts.scope == "host",
                                auto_target=self.finder.by_maps, notify_exec=bool(opts.comms), self_tgid=os.getpid())
         from .probes import symbols
         for op_id in range(len(symbols.OPS)):
@@ -200,7 +202,9 @@ class Agent:
         for key, value in (("agent_version", __version__), ("agent_pid", os.getpid()), ("agent_state", "running"),
                            ("agent_started_ns", now), ("agent_interval_ns", opts.interval_ns),
                            ("agent_summary_interval_ns", opts.summary_ns),
-                           ("agent_record_rule", json.dumps({"record_all": opts.record_all, "sample": opts.sample,
+                           ("agent_record_rule", json.dumps({"record_all": opts.record_all,
+                                                             "collective_rows": opts.collective_rows,
+                                                             "sample": opts.sample,
                                                              "slow_factor": opts.slow_factor,
                                                              "slow_floor_ns": opts.slow_floor_ns}))):
             self.writer.set_meta(key, value)

@@ -70,6 +70,8 @@ class SeriesSpec:
     helper_thread: bool = True       # a second thread per rank (a communication thread) with a little run queue
     gpus: bool = False               # also the agent's device tables: a GPU per rank (its local rank), sampled
                                      # every interval (gpus, gpu_samples, gpu_processes, gpu_errors)
+    idle_gpus: int = 0               # ... and this many spare GPUs per node that no rank uses: idle, at their
+                                     # lowest clock with NVML's gpu_idle event, as real idle GPUs are
     prefix: str = "gpu-node-"
     seed: int = 1
     boot_s: tuple = None             # each node's CLOCK_MONOTONIC at the trace start, s (default: BOOT_S plus 977 s per
@@ -197,6 +199,8 @@ def _side_tables(conn, spec, nodes, merged=True):
 
 SM_MAX_MHZ = 1980
 HW_THERMAL_SLOWDOWN = 0x40
+GPU_IDLE = 0x1                   # NVML's gpu_idle clock event
+IDLE_MHZ = 210                   # an idle GPU's SM clock
 
 
 def _gpu_tables(conn, spec):
@@ -232,6 +236,14 @@ def _gpu_tables(conn, spec):
                                 HW_THERMAL_SLOWDOWN if throttle else 0, "hw_thermal_slowdown" if throttle else "",
                                 90 if throttle else 55, 400000, 700000, 97, 40, 30 << 30, 80 << 30,
                                 3 if link else 5, 5, 8 if link else 16, 16))
+        for spare in range(spec.ranks_per_node, spec.ranks_per_node + spec.idle_gpus):
+            bus = f"0000:{0x18 + spare:02x}:00"
+            conn.execute("INSERT INTO gpus(node, gpu, uuid, name, pci_bus_id, minor, ts, last_seen) "
+                         "VALUES (?,?,?,?,?,?,?,?)", (name, spare, f"GPU-synth-{node:02d}-{spare}", "Synthetic GPU",
+                                                      f"{bus}.0", spare, mono0, mono0 + int(spec.seconds * 1e9)))
+            for i in range(int(spec.seconds / spec.interval_s)):
+                samples.append((name, mono0 + int(i * spec.interval_s * 1e9), spare, IDLE_MHZ, SM_MAX_MHZ, 405, 2619,
+                                GPU_IDLE, "gpu_idle", 35, 60000, 700000, 0, 0, 1 << 29, 80 << 30, 1, 5, 16, 16))
     conn.executemany("INSERT INTO gpu_samples(node, ts, gpu, sm_clock_mhz, sm_clock_max_mhz, mem_clock_mhz, "
                      "mem_clock_max_mhz, clock_events, clock_event_names, temperature_c, power_mw, power_limit_mw, "
                      "util_gpu_pct, util_mem_pct, mem_used_bytes, mem_total_bytes, pcie_gen, pcie_gen_max, pcie_width, "

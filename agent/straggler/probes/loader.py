@@ -179,14 +179,15 @@ class Probes:
 
     # ---- maps user space keeps --------------------------------------------------------
     def set_config(self, gen=0, record_all=False, sample_n=100, scope_all=True, auto_target=True,
-                   notify_exec=False, self_tgid=0):
+                   notify_exec=False, self_tgid=0, record_coll=True):
         value = self.config.Leaf()
         value.gen, value.record_all, value.sample_n = gen, int(record_all), int(sample_n)
         value.scope_all, value.auto_target, value.notify_exec = int(scope_all), int(auto_target), int(notify_exec)
-        value.self_tgid = int(self_tgid)
+        value.self_tgid, value.record_coll = int(self_tgid), int(record_coll)
         self.config[ctypes.c_int(0)] = value
         self._config = dict(gen=gen, record_all=record_all, sample_n=sample_n, scope_all=scope_all,
-                            auto_target=auto_target, notify_exec=notify_exec, self_tgid=self_tgid)
+                            auto_target=auto_target, notify_exec=notify_exec, self_tgid=self_tgid,
+                            record_coll=record_coll)
 
     def flip_generation(self):
         """Switch the aggregation generation; returns the one to harvest now."""

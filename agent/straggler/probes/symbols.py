@@ -142,6 +142,8 @@ class Symbol:
 
 
 OPS = [op for op, _, _, _ in FUNCTIONS]
+LAUNCH_OPS = tuple(op for op, _, kind, _ in FUNCTIONS if kind in ARG_HAS_DIMS)           # a kernel launched
+COLLECTIVE_OPS = tuple(op for op, _, kind, _ in FUNCTIONS if kind in ARG_NCCL_COLL_KINDS)   # a step's collectives
 OP_SOURCE = {op: source for op, source, _, _ in FUNCTIONS}
 OP_CLASS = {op: _class_of(op, source) for op, source, _, _ in FUNCTIONS}
 SYMBOLS = []          # by sym_id

@@ -69,6 +69,10 @@ CPU_HOG_NICE_BELOW_JOB = 10  # cpuhog's nice (threads and autogroup) = job nice 
 SELF_THREADS = 5
 HOST_MS = 16
 GPU_FACTOR = 5
+MORE_WORK_KERNELS = 1.5      # a schedule's more-work phase: this many times the kernels every step
+PAUSE_MS = 300               # a schedule's pause phase: a pause of host compute this long ...
+PAUSE_EVERY_S = 2.0          # ... every this many seconds (a full garbage collection)
+IMBALANCE = 3                # a schedule's imbalance phase: a different rank does this many times the work each step
 IO_SELF_MB = 16
 IO_OTHER_MB = 1
 DISK_HOG_THREADS = 4
@@ -289,7 +293,7 @@ class SyncJobHarness:
     (step logs steps-rank<R>.csv, control files, each process's log)."""
 
     def __init__(self, bed, out_dir, hosts=None, style="blocking", straggler_bin=DEFAULT_STRAGGLER_BIN,
-                 job_nice=JOB_NICE, gpus=False):
+                 job_nice=JOB_NICE, gpus=False, spare_gpus=0):
         if style not in ("blocking", "enqueue"):
             raise ValueError(f"style must be blocking or enqueue, not {style!r}")
         self.bed = bed
@@ -307,6 +311,7 @@ class SyncJobHarness:
         self.standin_dir = self.out / "standin"
         self._built = False
         self.gpus = gpus        # stand-in GPUs the agents read (NVML stand-in): one per host, its rank's control file
+        self.spare_gpus = spare_gpus    # ... and this many more per host that no rank uses (they idle)
 
     # ---------------------------------------------------------------- helpers
     def _env(self):
@@ -358,9 +363,22 @@ class SyncJobHarness:
         control = self.control_path(rank, None)
         if not control.exists():
             _write_atomic(control, "")
+        spares = []
+        for i in range(1, 1 + self.spare_gpus):     # a spare GPU: a control file of its own that no rank reads
+            spare = self.out / "controls" / f"spare{i}-{host}"
+            if not spare.exists():
+                _write_atomic(spare, "")
+            spares.append(dict(index=i, uuid=f"GPU-standin-{host}-spare{i}", pci=f"0000:{0x30 + 8 * i + self.hosts.index(host):02x}:00.0",
+                               control=str(spare)))
         write_nvml_config(str(config), [dict(index=0, uuid=f"GPU-standin-{host}", pci=f"{self.gpu_bus(host)}.0",
-                                             control=str(control))])
+                                             control=str(control))] + spares)
         return {"LD_LIBRARY_PATH": os.path.dirname(library), "STRAGGLER_STANDIN_NVML_CONFIG": str(config)}
+
+    def job_env(self, host):
+        """What a rank of the job on `host` needs in its environment: with stand-in GPUs, the host's stand-in
+        NVML config, so that loading the stand-in libcuda records it as its GPU's user (a GPU no process
+        uses idles, as a real one does)."""
+        return {"STRAGGLER_STANDIN_NVML_CONFIG": str(self.out / "nvml" / f"{host}.conf")} if self.gpus else {}
 
     def start_agents(self, extra_args=(), ready_timeout_s=120.0, per_host_args=None):
         """`straggler trace --scope netns --interval 1 --db OUT/agents/<host>.db --node <host>` on
@@ -479,7 +497,7 @@ class SyncJobHarness:
                     argv += ["--cpu", cpu]
                 if self.job_nice is not None:
                     argv += ["--autogroup-nice", self.job_nice]
-                self.job.append(self._popen("rank", host, argv, case_dir / f"rank{r}.log"))
+                self.job.append(self._popen("rank", host, argv, case_dir / f"rank{r}.log", env=self.job_env(host)))
             self._wait_ready(case_dir, ready_timeout_s)
             t_start = time.monotonic_ns()
             real_minus_mono = time.time_ns() - time.monotonic_ns()

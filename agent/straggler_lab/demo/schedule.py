@@ -28,14 +28,23 @@ from pathlib import Path
 from straggler.analysis.explain.episodes import EpisodeOptions
 
 from .harness import (CPU_HOG_NICE_BELOW_JOB, CPU_HOG_THREADS, EXPECTED_CAUSE, GPU_FACTOR, HOST_MS, IO_SELF_MB,
-                      SELF_THREADS, VALID_SLOWDOWN, HarnessError, _write_atomic, read_steps, stop_procs)
+                      IMBALANCE, MORE_WORK_KERNELS, PAUSE_EVERY_S, PAUSE_MS, SELF_THREADS, VALID_SLOWDOWN, HarnessError, _write_atomic, read_steps, stop_procs)
 
 CONTROL_FAULTS = {"self-contention": ("threads", SELF_THREADS), "host-compute": ("host_ms", HOST_MS),
                   "gpu-slow": ("gpu_factor", GPU_FACTOR), "io-self": ("io_mb", IO_SELF_MB),
                   # a stand-in GPU that says why (SyncJobHarness(gpus=True)): its kernels slower and its NVML
-                  "gpu-throttled": ("gpu_factor", GPU_FACTOR), "gpu-errors": ("gpu_factor", GPU_FACTOR)}
-DEVICE_LINES = {"gpu-throttled": "throttle=thermal\n"}
-EXPECTED = {"gpu-throttled": "gpu-throttled", "gpu-errors": "gpu-errors"}
+                  "gpu-throttled": ("gpu_factor", GPU_FACTOR), "gpu-errors": ("gpu_factor", GPU_FACTOR),
+                  # the work itself: more kernels every step (a heavier pipeline stage, a longer batch)
+                  "more-work": ("kernels", MORE_WORK_KERNELS),
+                  # a full garbage collection every PAUSE_EVERY_S: a pause of host compute
+                  "pause": ("pause_ms", PAUSE_MS),
+                  # every rank's file: a different rank does IMBALANCE times the work at each step (uneven batches)
+                  "imbalance": ("imbalance", IMBALANCE)}
+ALL_RANKS = ("imbalance",)   # faults of the whole job: every rank's control file
+# the other lines of a fault's control file: what a stand-in GPU says of itself, a pause's rhythm
+DEVICE_LINES = {"gpu-throttled": "throttle=thermal\n", "pause": f"pause_every_s={PAUSE_EVERY_S:g}\n"}
+EXPECTED = {"gpu-throttled": "gpu-throttled", "gpu-errors": "gpu-errors", "more-work": "more-work",
+            "pause": "host-compute", "imbalance": None}
 SKIP_S = 1.0                 # a phase's first second and the job's first seconds are not steady state
 WARMUP_SKIP_S = 3.0
 START_TOLERANCE_S = 5.0      # an episode starts within this of its phase
@@ -76,7 +85,7 @@ class Phase:
 
     @property
     def expected_cause(self):
-        return EXPECTED.get(self.fault) or EXPECTED_CAUSE[self.fault]
+        return EXPECTED[self.fault] if self.fault in EXPECTED else EXPECTED_CAUSE[self.fault]
 
 
 @dataclass
@@ -98,6 +107,8 @@ def _layout(hosts, ranks_per_host):
 
 
 def _targets(phase, ranks_per_host, world):
+    if phase.fault in ALL_RANKS:
+        return list(range(world))
     if phase.host is not None:
         return [r for r in range(world) if r // ranks_per_host == phase.host]
     return [phase.rank]
@@ -135,7 +146,7 @@ def run_schedule(h, phases, seconds, ranks_per_host=1, name=None, ready_timeout_
                     "--job-dir", case_dir]
             if h.job_nice is not None:
                 argv += ["--autogroup-nice", h.job_nice]
-            env = {"STRAGGLER_STANDIN_KERNEL_US": str(kernel_us)} if kernel_us else None
+            env = dict(h.job_env(node_of[r]), **({"STRAGGLER_STANDIN_KERNEL_US": str(kernel_us)} if kernel_us else {}))
             h.job.append(h._popen("rank", node_of[r], argv, case_dir / f"rank{r}.log", env=env))
         _wait_ready(h, case_dir, world, ready_timeout_s)
         t_start = time.monotonic_ns()
@@ -379,6 +390,20 @@ def _judge_whole_job(p, case_dir, world, t_start, t_end):
     p.valid = p.slowdown >= p.valid_slowdown
     p.reason = (f"{p.fault} on {p.node} from the first step: the others wait {lost_ms:.1f} ms more per step, the "
                 f"job x{p.slowdown:.2f}" + ("" if p.valid else f", under the x{p.valid_slowdown:g} a valid phase needs"))
+
+
+def lost_truth(run, t_from_ns=None, t_to_ns=None):
+    """What the job lost, by its own step logs, to its slowest rank at each step ending in [t_from, t_to]:
+    the median of the ranks' waits for the step's allreduce to be done less the least (the ranks log the
+    same step numbers) -> (seconds lost, steps)."""
+    world = len(run.rank_nodes)
+    by_step = {}
+    for r in range(world):
+        for step, (t, _, done) in enumerate(_coll_ms(Path(run.case_dir) / f"steps-rank{r}.csv")):
+            if (t_from_ns is None or t >= t_from_ns) and (t_to_ns is None or t <= t_to_ns):
+                by_step.setdefault(step, {})[r] = done
+    lost_ms = sum(statistics.median(w.values()) - min(w.values()) for w in by_step.values() if len(w) == world)
+    return lost_ms / 1e3, sum(1 for w in by_step.values() if len(w) == world)
 
 
 def diagnose(run, out_dir, name="schedule", **explain_options):

@@ -23,6 +23,12 @@ file is the stand-in's STRAGGLER_STANDIN_CONTROL), one `key=value` a line:
   threads=N     N more threads of this process spin (each pinned to --cpu when given) until
                 the value goes back to 0: the rank's own threads competing for its core
   gpu_factor=X  read by the stand-in: kernels take X times their device time
+  kernels=X     X times the kernels launched per step (more work: a pipeline stage with more layers, a
+                longer batch; the stand-in's GPU time grows with the kernels, as a real GPU's does)
+  pause_ms=X    every pause_every_s (default 2) seconds, one pause of X ms of host compute in a step
+                (busy loop, outside CUDA calls): a full garbage collection
+  imbalance=X   at every world-th step, its turn (step % world == rank), X times the kernels: put in every
+                rank's file, a different rank does X times the work at each step (uneven batches)
 
 Step log (--log, one line per step, flushed): rank,step,t_end_mono_ns,step_ms,coll_call_ms,coll_done_ms
 (t_end_mono_ns: CLOCK_MONOTONIC, time.monotonic_ns(); coll_call_ms: the time inside the
@@ -56,7 +62,7 @@ NCCL_SUM = 0
 PATTERNS = 5            # the data changes every step (5 patterns), so --check checks real sums
 PR_SET_NAME = 15
 EXEC_MARK = "STRAGGLER_SYNCJOB_EXEC"
-CONTROL_KEYS = ("host_ms", "io_mb", "threads", "gpu_factor")
+CONTROL_KEYS = ("host_ms", "io_mb", "threads", "gpu_factor", "kernels", "pause_ms", "pause_every_s", "imbalance")
 
 
 class JobError(RuntimeError):
@@ -384,6 +390,9 @@ def run(args):
             expected.append(bytes((ctypes.c_float * (COUNT - 1))(*([float(total * (k + 1))] * (COUNT - 1)))))
         host_iters = int(HOST_MS * iters_per_ms)
         extra_iters = 0
+        launches = LAUNCHES_PER_STEP
+        pause_iters, pause_every_s, next_pause = 0, 2.0, time.monotonic()
+        imbalance = 1.0
         launch, kernel = gpu.cuLaunchKernel, gpu.kernel
         step = 0
         t_step = time.monotonic_ns()
@@ -392,7 +401,15 @@ def run(args):
                 extra_iters = int(control.get("host_ms") * iters_per_ms)
                 sync_io.set(control.get("io_mb"))
                 spinners.set(control.get("threads"))
-            for _ in range(LAUNCHES_PER_STEP):
+                launches = max(1, int(round(LAUNCHES_PER_STEP * (control.get("kernels") or 1.0))))
+                pause_iters = int(control.get("pause_ms") * iters_per_ms)
+                pause_every_s = control.get("pause_every_s") or 2.0
+                imbalance = control.get("imbalance") or 1.0
+            if pause_iters and time.monotonic() >= next_pause:
+                _spin_loop(pause_iters)
+                next_pause = time.monotonic() + pause_every_s
+            turn = imbalance != 1.0 and step % args.world == args.rank
+            for _ in range(int(round(launches * imbalance)) if turn else launches):
                 launch(kernel, 1, 1, 1, 32, 1, 1, 0, None, None, None)
             _spin_loop(host_iters + extra_iters)
             gpu.cudaStreamSynchronize(None)

@@ -7,8 +7,10 @@
  * STRAGGLER_STANDIN_NVML_CONFIG (format: standin_control.h). Each GPU's values follow its rank's
  * control file (the same STRAGGLER_STANDIN_CONTROL file whose gpu_factor slows the stand-in libcuda's
  * kernels), re-read when it changes:
- *   SM clock         sm_max_mhz, or sm_max_mhz / gpu_factor while throttle= names a reason
- *   clock events     the bits of throttle= (0 without)
+ *   SM clock         sm_max_mhz, or sm_max_mhz / gpu_factor while throttle= names a reason; an idle GPU
+ *                    (no process uses it) idles at SM_IDLE_MHZ, as a real one drops to its idle clock
+ *   clock events     the bits of throttle= (0 without); an idle GPU also sets gpu_idle (0x1), and no
+ *                    slowdown reason is needed for its low clock
  *   temperature      45 C, 90 C while throttled for a thermal reason, or temperature=
  *   power            300 W, the limit while throttled for power, or power_w=; limit power_limit_w
  *   utilization      95 % GPU / 40 % memory while a process uses the GPU, else 0
@@ -176,8 +178,19 @@ static unsigned int gpu_processes(const struct standin_nvml_gpu *g, unsigned int
 #define PROCESS_BYTES (1ull << 30)
 #define BASE_USED_BYTES (512ull << 20)
 
+#define SM_IDLE_MHZ 210
+#define EVENT_GPU_IDLE 0x1ull
+
+static int gpu_idle(const struct standin_nvml_gpu *g)
+{
+    unsigned int pids[1];
+    return gpu_processes(g, pids, 1) == 0;
+}
+
 static unsigned int sm_clock_now(const struct standin_nvml_gpu *g)
 {
+    if (gpu_idle(g))
+        return SM_IDLE_MHZ < g->cfg.sm_max_mhz ? SM_IDLE_MHZ : g->cfg.sm_max_mhz;
     if (g->ctl.throttle && g->ctl.gpu_factor > 1.0)
         return (unsigned int)(g->cfg.sm_max_mhz / g->ctl.gpu_factor + 0.5);
     return g->cfg.sm_max_mhz;
@@ -372,7 +385,7 @@ API nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, uns
         return ret;
     if (!reasons)
         return done(NVML_ERROR_INVALID_ARGUMENT);
-    *reasons = device->ctl.throttle;
+    *reasons = device->ctl.throttle | (gpu_idle(device) ? EVENT_GPU_IDLE : 0);
     return done(NVML_SUCCESS);
 }
 API nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsigned long long *reasons)
@@ -426,8 +439,7 @@ API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilizat
         return ret;
     if (!util)
         return done(NVML_ERROR_INVALID_ARGUMENT);
-    unsigned int pids[1];
-    int busy = gpu_processes(device, pids, 1) > 0;
+    int busy = !gpu_idle(device);
     util->gpu = busy ? 95 : 0;
     util->memory = busy ? 40 : 0;
     return done(NVML_SUCCESS);

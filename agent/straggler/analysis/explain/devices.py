@@ -9,34 +9,32 @@ The kinds of evidence, each a cause class of its own:
   gpu-throttled  clock-event (throttle) reasons that slow it — power cap, thermal, hardware slowdown — in
                  most of its samples, or its SM clock well below the other GPUs'
 A GPU is named only when its evidence stands out: the devices must not all look alike (a fleet-wide
-power cap names nobody). Pure rules over rows, with the SQL beside them; nothing here writes.
+power cap names nobody). Only a GPU at work is evidence: one no rank of the job uses, or one idle in
+most of its samples (a node's spare GPU idles at its lowest clock), is neither throttled nor the healthy
+measure the others' clocks are compared with; its errors, too, are not the job's. Pure rules over rows,
+with the SQL beside them; nothing here writes.
 """
 import statistics
 from dataclasses import dataclass, field
 
 from ...devices.nvml import CLOCK_EVENTS, SLOWDOWN_EVENTS
+from . import episodes as ep
+from .causes import DEVICE_KINDS as KINDS
 from .sql import values_cte
 
-KINDS = ("gpu-errors", "gpu-link", "gpu-throttled")
 THROTTLED_SHARE = 0.5          # a GPU is throttled when slowing reasons hold in this share of its samples ...
 CLOCK_DROP = 0.85              # ... or its SM clock (share of its maximum) is below this x the other GPUs' median
 BUSY_UTIL_PCT = 10             # a link is judged while the GPU works (an idle link may drop its generation)
+ERROR_LEAD_BINS = 2            # an error this many bins before a job-slow run begins is its start (devices.within)
+WORKING_SHARE = 0.5            # a GPU at work: busy (or its utilization not reported) in this share of its samples
 LINK_SHARE = 0.5
 MAX_ALIKE = 0.5                # more than this share of the GPUs with the same kind: they all look alike
-RECOMMENDATION = {
-    "gpu-throttled": ("cooling or power: check the GPU's temperature and fans (nvidia-smi -q -d TEMPERATURE,"
-                      "PERFORMANCE), its power cap (nvidia-smi -q -d POWER; a lowered limit), the node's airflow; "
-                      "drain it if it stays throttled"),
-    "gpu-link": ("reseat or replace: its PCIe link trained below its generation/width (a loose riser or cable, a "
-                 "bad slot) or its NVLinks report errors (nvidia-smi nvlink -e); drain the node and service it"),
-    "gpu-errors": ("drain the node and reset the GPU (nvidia-smi -r, or a reboot); service it if the errors come "
-                   "back (Xid meanings: docs/devices.md)"),
-}
 SAMPLE_COLUMNS = """COUNT(*) AS samples,
-       SUM((s.clock_events & {slow}) != 0) AS throttled,
+       SUM((s.clock_events & {slow}) != 0 AND {working}) AS throttled,
        GROUP_CONCAT(DISTINCT NULLIF(s.clock_event_names, '')) AS reasons,
-       AVG(s.sm_clock_mhz * 1.0 / NULLIF(s.sm_clock_max_mhz, 0)) AS clock_ratio,
-       AVG(s.sm_clock_mhz) AS sm_clock_mhz, MAX(s.sm_clock_max_mhz) AS sm_clock_max_mhz,
+       SUM({working}) AS working,
+       AVG(CASE WHEN {working} THEN s.sm_clock_mhz * 1.0 / NULLIF(s.sm_clock_max_mhz, 0) END) AS clock_ratio,
+       AVG(CASE WHEN {working} THEN s.sm_clock_mhz END) AS sm_clock_mhz, MAX(s.sm_clock_max_mhz) AS sm_clock_max_mhz,
        MAX(s.temperature_c) AS temperature_c, AVG(s.power_mw * 1.0 / NULLIF(s.power_limit_mw, 0)) AS power_ratio,
        SUM(s.util_gpu_pct >= {busy}) AS busy,
        SUM(s.util_gpu_pct >= {busy} AND (s.pcie_gen < s.pcie_gen_max OR s.pcie_width < s.pcie_width_max)) AS link_low,
@@ -47,6 +45,10 @@ SAMPLE_COLUMNS = """COUNT(*) AS samples,
        MAX(s.ecc_uncorrected) - MIN(s.ecc_uncorrected) AS ecc_uncorrected_new,
        MAX(s.remap_pending) AS remap_pending, MAX(s.remap_failure) AS remap_failure,
        SUM(s.read_error IS NOT NULL) AS read_errors, MAX(s.read_error) AS read_error"""
+
+
+# a sample of a GPU at work: busy, or its utilization not reported (then it cannot be told idle)
+WORKING = f"(s.util_gpu_pct IS NULL OR s.util_gpu_pct >= {BUSY_UTIL_PCT})"
 
 
 @dataclass
@@ -70,7 +72,7 @@ def samples_sql(ranges):
     """Each GPU's samples over per-node time ranges [(node, lo, hi)] on its clock, summed."""
     return f"""
 WITH {_ranges_cte(ranges)}
-SELECT s.node, s.gpu, {SAMPLE_COLUMNS.format(slow=SLOWDOWN_EVENTS, busy=BUSY_UTIL_PCT)}
+SELECT s.node, s.gpu, {SAMPLE_COLUMNS.format(slow=SLOWDOWN_EVENTS, busy=BUSY_UTIL_PCT, working=WORKING)}
 FROM tw JOIN gpu_samples s ON s.node = tw.node AND s.ts >= tw.lo AND s.ts < tw.hi
 GROUP BY s.node, s.gpu
 ORDER BY s.node, s.gpu"""
@@ -131,17 +133,35 @@ def _reasons(text):
     return sorted(names & slow)
 
 
-def judge(sample_rows, error_rows):
-    """{(node, gpu): GpuEvidence} for every GPU with samples or errors: its gravest kind (or None)."""
-    out = {}
-    for r in sample_rows:
-        out[(r["node"], int(r["gpu"]))] = GpuEvidence(r["node"], int(r["gpu"]))
-    ratios = {(r["node"], int(r["gpu"])): r["clock_ratio"] for r in sample_rows if r["clock_ratio"] is not None}
+def at_work(row):
+    """Whether a GPU's summed samples (samples_sql) are those of a GPU at work (WORKING_SHARE of them)."""
+    samples = int(row["samples"] or 0)
+    return samples > 0 and int(row["working"] or 0) >= WORKING_SHARE * samples
+
+
+def judge(sample_rows, error_rows, job=None):
+    """{(node, gpu): GpuEvidence} for every GPU of the job (`job`: {(node, gpu)} of its ranks' GPUs; None or
+    empty: every GPU) that was at work or had errors: its gravest kind (or None). An idle GPU is left out:
+    neither throttled (it idles at its lowest clock) nor the measure of the others' clocks."""
     xids = {}
     for r in error_rows:
         if r["gpu"] is None:
             continue
         xids.setdefault((r["node"], int(r["gpu"])), []).append(r)
+    kept = []
+    for r in sample_rows:
+        key = (r["node"], int(r["gpu"]))
+        if job and key not in job:
+            continue
+        errors = key in xids or (r["ecc_uncorrected_new"] or 0) > 0 or r["remap_failure"] or r["remap_pending"]
+        if at_work(r) or errors or int(r["read_errors"] or 0):
+            kept.append(r)
+    sample_rows = kept
+    out = {}
+    for r in sample_rows:
+        out[(r["node"], int(r["gpu"]))] = GpuEvidence(r["node"], int(r["gpu"]))
+    ratios = {(r["node"], int(r["gpu"])): r["clock_ratio"] for r in sample_rows
+              if r["clock_ratio"] is not None and at_work(r)}
     for key, ev in out.items():
         r = next(x for x in sample_rows if (x["node"], int(x["gpu"])) == key)
         samples = int(r["samples"] or 0)
@@ -174,7 +194,7 @@ def judge(sample_rows, error_rows):
         others = [v for k, v in ratios.items() if k != key]
         ratio = ratios.get(key)
         share = (r["throttled"] or 0) / samples if samples else 0.0
-        dropped = ratio is not None and others and ratio < CLOCK_DROP * statistics.median(others)
+        dropped = key in ratios and others and ratio < CLOCK_DROP * statistics.median(others)
         if share >= THROTTLED_SHARE or dropped:
             reasons = _reasons(r["reasons"])
             words = [f"clock-event reasons {', '.join(reasons) or 'none'} in {share:.0%} of {samples} samples"]
@@ -233,13 +253,20 @@ GROUP BY node, pid
 ORDER BY node, pid"""
 
 
-def over(runner, series, lo_bin, hi_bin, user_xids=False):
-    """Every GPU's evidence over bins [lo_bin, hi_bin) of the series (each node's clock) ->
-    ({(node, gpu): GpuEvidence}, {"gpu_samples": sql, "gpu_errors": sql})."""
+def over(runner, series, lo_bin, hi_bin, user_xids=False, job=None):
+    """Every GPU's evidence over bins [lo_bin, hi_bin) of the series (each node's clock), of the job's GPUs
+    (`job`, as judge takes it) -> ({(node, gpu): GpuEvidence}, {"gpu_samples": sql, "gpu_errors": sql})."""
     ranges = [(node, series.to_node(node, series.bin_start(lo_bin)), series.to_node(node, series.bin_start(hi_bin)))
               for node in sorted(series.clocks)]
     texts = {"gpu_samples": samples_sql(ranges), "gpu_errors": errors_sql(ranges, user_xids)}
-    return judge(runner.rows(texts["gpu_samples"]), runner.rows(texts["gpu_errors"])), texts
+    return judge(runner.rows(texts["gpu_samples"]), runner.rows(texts["gpu_errors"]), job), texts
+
+
+def over_run(runner, series, run, user_xids=False, job=None):
+    """over() for a job-slow run (episodes.Run): from ERROR_LEAD_BINS before it begins (an Xid logged as
+    the fault began, a bin or two before the job's step rate fell, is read with it: the rule within()
+    keeps for a GPU's own runs of errors) to its end."""
+    return over(runner, series, max(0, run.start - ERROR_LEAD_BINS), run.end, user_xids, job)
 
 
 def _until(series, alias):
@@ -253,7 +280,8 @@ def device_series_sql(series):
     at = f"(s.ts + clk.off - {int(series.t0_ns)}) / {int(series.bin_ns)}"
     return f"""
 WITH {values_cte("clk", ("node", "off"), rows)}
-SELECT s.node, s.gpu, {at} AS bin, COUNT(*) AS samples, SUM((s.clock_events & {SLOWDOWN_EVENTS}) != 0) AS throttled,
+SELECT s.node, s.gpu, {at} AS bin, COUNT(*) AS samples,
+       SUM((s.clock_events & {SLOWDOWN_EVENTS}) != 0 AND {WORKING}) AS throttled,
        SUM(s.util_gpu_pct >= {BUSY_UTIL_PCT}) AS busy,
        SUM(s.util_gpu_pct >= {BUSY_UTIL_PCT} AND (s.pcie_gen < s.pcie_gen_max OR s.pcie_width < s.pcie_width_max))
          AS link_low,
@@ -275,11 +303,14 @@ GROUP BY e.node, e.gpu, bin
 ORDER BY e.node, e.gpu, bin"""
 
 
-def device_runs(sample_rows, error_rows, min_bins=2):
-    """Where each GPU said something, bin by bin: {(node, gpu): [(start, end, kind)]} — runs of bins in
-    which it was throttled or its link low for most of its samples (min_bins or more, one-bin gaps
-    bridged), or it had an error (a run of its own, however short)."""
+def device_runs(sample_rows, error_rows, min_bins=2, job=None):
+    """Where each of the job's GPUs (`job`, as judge takes it) said something, bin by bin: {(node, gpu):
+    [(start, end, kind)]} — runs of bins in which it was throttled at work or its link low for most of its
+    samples (min_bins or more, one-bin gaps bridged), or it had an error (a run of its own, however short)."""
     flags = {}
+    if job:
+        sample_rows = [r for r in sample_rows if (r["node"], int(r["gpu"])) in job]
+        error_rows = [r for r in error_rows if (r["node"], int(r["gpu"])) in job]
     for r in sample_rows:
         n = int(r["samples"] or 0)
         kind = None
@@ -320,17 +351,18 @@ def within(gpu_runs, slow_run):
     """The part of a job-slow run (episodes.Run) in which the GPU itself said something: from its first
     run of evidence inside it (an error: from the error on) to the slow run's end, or to where that
     stretch of evidence ends when it stopped before — an episodes.Run, or None when it said nothing
-    there. A stretch is the GPU's runs of evidence at most MERGE_BINS apart (as a node's ranks are
+    there. A stretch is the GPU's runs of evidence at most episodes.MERGE_BINS apart (as a node's ranks are
     joined): a job-slow run can bridge two slowdowns a few seconds apart, and the GPU's word in the first
-    says nothing of the second (every GPU throttled alike there, say)."""
-    from . import episodes as ep
-    from .timeline import MERGE_BINS
-    inside = sorted((s, e, k) for s, e, k in gpu_runs if s < slow_run.end and e > slow_run.start)
+    says nothing of the second (every GPU throttled alike there, say). An error logged up to
+    ERROR_LEAD_BINS before the run begins is its start: the driver logs an Xid as the fault begins, the
+    job's step rate falls over the next bin."""
+    inside = sorted((s, e, k) for s, e, k in gpu_runs
+                    if s < slow_run.end and e + (ERROR_LEAD_BINS if k == "gpu-errors" else 0) > slow_run.start)
     if not inside:
         return None
     first, last, kinds = inside[0][0], inside[0][1], {inside[0][2]}
     for s, e, k in inside[1:]:
-        if s - last > MERGE_BINS:
+        if s - last > ep.MERGE_BINS:
             break
         last, kinds = max(last, e), kinds | {k}
     start = max(slow_run.start, first)
@@ -338,29 +370,3 @@ def within(gpu_runs, slow_run):
     if end <= start:
         return None
     return ep.Run(start=start, end=end, bins=end - start, mean_gap=slow_run.mean_gap, on_runs=[(start, end)])
-
-
-def job_rate(series):
-    """The job's step rate per bin: the median over ranks of their calling thread's calls per second
-    (None where fewer than two ranks have a usable bin)."""
-    from .timeline import usable
-    ok = {k: usable(series, k) for k in series.ranks}
-    out = []
-    for b in range(series.n_bins):
-        rates = [rts[b].calls / (rts[b].wall_ns / 1e9) for k, rts in series.ranks.items()
-                 if b in ok[k] and rts[b].wall_ns]
-        out.append(statistics.median(rates) if len(rates) >= 2 else None)
-    return out
-
-
-def job_slow_runs(series, eopts):
-    """Where the whole job ran slower than it does at its best (its step rate below the trace's upper
-    quartile by min_gap or more), whoever waits: [episodes.Run] with mean_gap = the rate's drop."""
-    from . import episodes as ep
-    rates = job_rate(series)
-    known = sorted(r for r in rates if r is not None)
-    if len(known) < 4:
-        return [], rates, None
-    ref = known[int(0.75 * (len(known) - 1))]
-    drops = [None if r is None else 1.0 - r / ref for r in rates]
-    return ep.straggling_runs(drops, eopts), rates, ref

@@ -4,16 +4,17 @@ the decisions are model.py's (pure), the words findings.py's, the SQL sql.py's."
 import time
 from dataclasses import asdict, dataclass, field
 
-from ...errors import UsageError
+from ...errors import StragglerError, UsageError
 from ...store.steptime import rank_time
-from . import coarse, devices, episodes, findings, model, span, sql, timeline
-from .findings import CAUSE_CLASSES
+from . import coarse, devices, episodes, findings, model, span, sql, steps, timeline
+from .causes import CAUSE_CLASSES
 from .report import SEVERITY_ORDER, Report
 from .runners import ConnRunner, DbRunner, FleetRunner
 from .windows import calling_tids, cut_windows, group_threads
 
 DEFAULT_BASELINE_FRACTION = 0.25      # the fixed cut's baseline when explain finds no episode
 SEGMENTED_BINS = 12                  # a series this long has been segmented: the fixed cut names no one
+PAUSE_JUDGED = 0.5                    # a rank's pauses: the model's min_gap over their bins, of the gap they left
 MAX_EPISODES_JUDGED = 8               # episodes analysed in full (each a few queries); the rest by their series
 
 N_SLICES = 8
@@ -81,6 +82,8 @@ class Context:
     recent: dict = field(default_factory=dict)     # (node, pid) -> RankTime over the recent part
     baseline: dict = field(default_factory=dict)   # (node, pid) -> RankTime over its baseline
     ranks: list = field(default_factory=list)      # [RankTime] recent, in (node, rank, pid) order
+    mix: dict = field(default_factory=dict)        # (node, pid) -> {"launches", "collectives"} over the recent part
+    mix_sql: str = None
 
 
 def explain_connection(conn, source, missing=None, answered=None, **opts):
@@ -97,9 +100,22 @@ def top_cause(report, node):
 
 
 def explain_db(db_path, **opts):
-    """Explain one database (a merged cluster.db, or a single node's store)."""
+    """Explain one database (a merged cluster.db, or a single node's store). A failure on a bad value
+    (a text where a number belongs, in a database changed after its merge) is one line naming it;
+    another failure keeps its traceback."""
     options = ExplainOptions.from_kwargs(**opts)
-    return explain(DbRunner(db_path, options.timeout_s), options, f"database {db_path}")
+    try:
+        return explain(DbRunner(db_path, options.timeout_s), options, f"database {db_path}")
+    except (StragglerError, OSError, MemoryError):
+        raise
+    except Exception:
+        from ..merge.errors import show
+        from ..merge.values import bad_value_line
+        line = bad_value_line(db_path, show)
+        if line:
+            raise StragglerError(f"{db_path}: {line}; explain cannot read a bad value (merge the node stores again: "
+                                 f"merge refuses such values, naming the store that holds one)") from None
+        raise
 
 
 def explain_fleet(nodes, tls, **opts):
@@ -120,13 +136,13 @@ def explain(runner, opts, source):
     started = time.monotonic()
     report = Report(source=source, options={k: v for k, v in asdict(opts).items() if v is not None})
     span.check(opts)                   # a bound that does not read fails before anything is asked
-    ranks_info = {r["node"]: r for r in runner.rows(sql.RANKS)}
-    world = max([r["world_size"] or 0 for r in ranks_info.values()] or [0])
+    process_ranks = runner.rows(sql.RANKS)
     cut = span.resolve(runner, opts)
     if opts.fixed_window:
         spans_sql = sql.spans(cut)
         span_rows = [r for r in runner.rows(spans_sql) if (r["calls"] or 0) >= opts.min_calls]
         _check_span(cut, span_rows, runner)
+        world = _world(process_ranks, span_rows)
         report.missing = _missing(runner, span_rows, world)
         fraction = opts.baseline_fraction if opts.baseline_fraction is not None else DEFAULT_BASELINE_FRACTION
         analysis = analyse(runner, opts, cut_windows(span_rows, opts, fraction, cut), span_rows)
@@ -137,6 +153,7 @@ def explain(runner, opts, source):
         if plan is not None:           # a long trace: its roll-ups say where to look (coarse.py)
             spans_sql = plan.callers_sql
             span_rows = _spans_of_callers(plan.caller_rows, opts.min_calls)
+            world = _world(process_ranks, span_rows)
             report.missing = _missing(runner, span_rows, world)
             analysis = _episodes_long(runner, opts, report, plan, span_rows)
         else:
@@ -144,6 +161,7 @@ def explain(runner, opts, source):
             callers = runner.rows(spans_sql)
             span_rows = _spans_of_callers(callers, opts.min_calls)
             _check_span(cut, span_rows, runner)
+            world = _world(process_ranks, span_rows)
             report.missing = _missing(runner, span_rows, world)
             analysis = _episodes(runner, opts, report, callers, span_rows, cut)
     if cut.per_node is not None:
@@ -157,6 +175,14 @@ def explain(runner, opts, source):
     _order(report.findings)
     report.elapsed_s = round(time.monotonic() - started, 3)
     return report
+
+
+def _world(process_ranks, span_rows):
+    """The job's world size: its processes' in the span judged (a store holds every job its agent traced, of
+    any size); every traced process's where none of them says."""
+    judged = {(r["node"], int(r["pid"])) for r in span_rows}
+    mine = [r["world_size"] or 0 for r in process_ranks if (r["node"], int(r["pid"])) in judged]
+    return max(mine or [r["world_size"] or 0 for r in process_ranks] or [0])
 
 
 def _check_span(cut, span_rows, runner):
@@ -183,8 +209,16 @@ def _spans_of_callers(callers, min_calls):
 
 def _episodes(runner, opts, report, callers, span_rows, cut=None):
     """Find the episodes, judge the costliest in full; the report leads with the one that cost the job
-    most. Without any, the whole trace is judged with the fixed cut (a device-wide change, waiters)."""
+    most. Without any, the whole trace is judged with the fixed cut (a device-wide change, waiters). Then
+    the what-if of the whole trace, step by step (_whatif)."""
     series, judged, device = _judge_stretch(runner, opts, callers, span_rows, cut)
+    analysis = _episodes_judged(runner, opts, report, span_rows, cut, series, judged, device)
+    if series is not None:
+        _whatif(runner, report, series, judged)
+    return analysis
+
+
+def _episodes_judged(runner, opts, report, span_rows, cut, series, judged, device):
     if not judged:
         # no episode in time: the fixed cut over the whole trace (a device-wide change, waiters). On a trace
         # too short to segment, a straggler it names is reported as that straggler's episode; on a longer
@@ -207,6 +241,38 @@ def _episodes(runner, opts, report, callers, span_rows, cut=None):
     return judged[0].analysis
 
 
+IMBALANCE_MIN_SHARE = 0.25             # the job lost this share of its time or more to slowest ranks no episode holds
+                                       # (less is jitter on busy cores as much as imbalance: a
+                                       # clean job on the 2-core test bed loses 15-19 %)
+
+
+def _whatif(runner, report, series, judged):
+    """The job's time lost at its sync points over the series' span (steps.py), split by what lost it: each
+    episode (its node's ranks slowest there), and the rest — imbalance that moves between ranks, and jitter.
+    Imbalance of IMBALANCE_MIN_SHARE of the job's time or more is a finding of its own: no node's fault,
+    the job's."""
+    found = steps.measure(runner, series)
+    if not found.waits:
+        report.whatif = dict(measured=False, why=found.why_not, sql=found.sql)
+        return
+    held = []
+    for j in judged:
+        e = j.episode
+        label = dict(what="pauses" if e.pauses else "episode", node=e.node, all_along=j.all_along)
+        held.append((label, e.node, list(e.keys), e.start_ns, e.end_ns))
+    span_ns = found.ends[-1] - found.ends[0] if len(found.ends) > 1 else 0
+    w = steps.whatif(found, held, span_ns)
+    imb = w.imbalance
+    ranks = [dict(node=k[0], pid=k[1], rank=series.rank_of.get(k), sync_points=n) for k, n in imb["slowest"][:4]]
+    report.whatif = dict(measured=True, first_ns=found.ends[0], last_ns=found.ends[-1], span_s=round(w.span_s, 1),
+                         sync_points=w.sync_points, lost_s=round(w.lost_s, 2),
+                         lost_ratio=round(w.lost_ratio, 3), parts=w.parts,
+                         imbalance=dict(lost_s=imb["lost_s"], sync_points=imb["sync_points"], slowest=ranks),
+                         sql=found.sql)
+    if w.span_s and imb["lost_s"] / w.span_s >= IMBALANCE_MIN_SHARE:
+        report.findings.append(findings.imbalance_finding(report.whatif, len(series.ranks)))
+
+
 def _segmented_rejects(verdict):
     verdict.rejected = [(s["rank"], "waits less over the trace as a whole, but in no stretch of it long and "
                                     "clear enough to be a straggle episode") for s in verdict.stragglers]
@@ -224,13 +290,17 @@ def _judge_stretch(runner, opts, callers, span_rows, cut, wait_def=None):
     found = timeline.find_episodes(series, opts.episode_options()) if series else []
     judged = []
     for e in found:
-        timeline.zoom_in(runner, series, e, opts.min_gap)
+        if not e.pauses:               # (pauses are too short for the zoom's on/off runs: their bins say it)
+            timeline.zoom_in(runner, series, e, opts.min_gap)
     for e in found:
         windows = timeline.episode_windows(series, e, found)
         if not windows:
             continue
+        # a rank's pauses are judged over their bins with the gap they left (their rhythm, not their size,
+        # tells them from noise: episodes.pauses)
+        min_gap = min(opts.min_gap, PAUSE_JUDGED * e.mean_gap) if e.pauses else None
         analysis = analyse(runner, opts, windows, span_rows, wait_def=series.wait_def,
-                           expected_share=timeline.slice_share(series, e))
+                           expected_share=timeline.slice_share(series, e), min_gap=min_gap)
         # the episode's node, and a node whose own episode overlaps it, may be named in it: another rank
         # that merely waits a little less all along (a job's root rank, say) is no straggler of this time
         overlapping = {o.node for o in found if o.start < e.end and o.end > e.start}
@@ -254,7 +324,7 @@ def _assemble(report, judged, warnings):
     """The report of judged episodes (each with its series and cut): the costliest first, each with
     its own findings (where its peers waited for it, in its own time; its GPU's word), the report's
     findings and ranks those of the costliest."""
-    judged.sort(key=lambda j: -j.lost_s)
+    judged.sort(key=lambda j: (not j.all_along, -j.lost_s))     # all along: its cost is the whole trace's
     for j in judged:
         if not j.findings:             # (named by its GPU's own word: its findings are made)
             sub = Report(source=report.source)
@@ -300,7 +370,7 @@ def _long_trace(runner, opts, cut):
         key = (r["node"], int(r["pid"]))
         rolled_to[key] = max(rolled_to.get(key, 0), int(r["rolled_to"] or 0))
         if callers.calling.get(key) == int(r["tid"]):
-            sums[key] = (r["wall_ns"] or 0, r["sync_ns"] or 0, r["other_ns"] or 0)
+            sums[key] = (r["wall_ns"] or 0, r["sync_ns"] or 0, r["other_ns"] or 0, r["coll_ns"] or 0)
     found = coarse.plan(runner, callers, rolled_to, clocks, opts.min_gap, trace_first, trace_last,
                         timeline.wait_def_of(list(sums.values())))
     if found is not None:
@@ -336,6 +406,8 @@ def _episodes_long(runner, opts, report, plan, span_rows):
     """_episodes over a long trace, one stretch of its Plan at a time (coarse.py): every stretch's
     episodes, the report leading with the costliest."""
     judged, warnings, read = [], [], []
+    report.whatif = dict(measured=False, why="a long trace, read through its roll-ups: its sync points are lined up "
+                                             "only on a trace read whole (--since/--until: a part of it)")
     for stretch in plan.stretches:
         cut, callers = _stretch(plan, stretch)
         if not callers.keys:
@@ -377,11 +449,12 @@ def _device_evidence(runner, opts, series, found, judged, span_rows):
     ranks_of = {(r["node"], int(r["pid"])): r for r in runner.rows(devices.PROCESS_RANKS)}
     rows = [dict(r, local_rank=ranks_of.get((r["node"], int(r["pid"])), {}).get("local_rank")) for r in span_rows]
     gpu_of = devices.gpus_of(runner.rows(devices.GPU_OF_PROCESS), rows)
+    job = {(k[0], gpu) for k, gpus in gpu_of.items() if k in series.ranks for gpu in gpus}   # the job's GPUs
     out = {"attach": {}, "warnings": []}
     named = set()
     for j in judged:                   # the named ranks' GPUs over their own episode
         e = j.episode
-        evidence, texts = devices.over(runner, series, e.start, e.end, opts.user_xids)
+        evidence, texts = devices.over(runner, series, e.start, e.end, opts.user_xids, job)
         standing = {ev.key: ev for ev in devices.standing_out(evidence)}
         for s in j.analysis.verdict.stragglers:
             for gpu in gpu_of.get(s["rank"].key, []):
@@ -392,27 +465,57 @@ def _device_evidence(runner, opts, series, found, judged, span_rows):
     busy = {b for j in judged for b in range(j.episode.start, j.episode.end)}     # named by the waits
     series_texts = {"gpu_samples": devices.device_series_sql(series),
                     "gpu_errors": devices.device_errors_sql(series, opts.user_xids)}
-    per_gpu = devices.device_runs(runner.rows(series_texts["gpu_samples"]), runner.rows(series_texts["gpu_errors"]))
-    runs, rates, ref = devices.job_slow_runs(series, opts.episode_options())
+    per_gpu = devices.device_runs(runner.rows(series_texts["gpu_samples"]), runner.rows(series_texts["gpu_errors"]),
+                                  job=job)
+    def device_named(ev, texts, run, rates, ref):
+        """The episode of a GPU named by its own word (`texts`: its SQL) over `run` (rates/ref None: all
+        along), its findings placed on its node's clock."""
+        keys = sorted(k for k, gpus in gpu_of.items() if k[0] == ev.node and ev.gpu in gpus and k in series.ranks)
+        j = timeline.judge_device(series, run, ev, keys, rates, ref, eopts=opts.episode_options())
+        j.analysis = analyse(runner, opts, timeline.episode_windows(series, j.episode, found), span_rows)
+        ranks = [series.rank_of.get(k) for k in keys if series.rank_of.get(k) is not None]
+        j.findings = findings.device_findings(series.sql, texts, j, ev, ranks)
+        for f in j.findings:
+            f.at_ns = series.to_node(ev.node, j.episode.start_ns)
+            f.window_ns = [f.at_ns, series.to_node(ev.node, j.episode.end_ns)]
+        return j
+
+    # a GPU that said so all along: the trace has no clean time to measure the job's slowdown against, so
+    # the GPU is judged against the other GPUs at work at the same time (devices.standing_out)
+    along = _all_along_runs(series, per_gpu, named)
+    if along:
+        lo, hi = min(r[0] for r in along.values()), max(r[1] for r in along.values())
+        evidence, texts = devices.over(runner, series, lo, hi, opts.user_xids, job)
+        standing = {ev.key: ev for ev in devices.standing_out(evidence)}
+        for key, (start, end, kind) in sorted(along.items()):
+            ev = standing.get(key)
+            if ev is None or ev.kind != kind:
+                continue
+            run = episodes.Run(start=start, end=end, bins=end - start, on_runs=[(start, end)])
+            judged.append(device_named(ev, texts, run, None, None))
+            named.add(ev.key)
+        for kind, keys in devices.alike(evidence).items():
+            keys = [ev.key for ev in keys if ev.key in along]
+            if keys:
+                ev = evidence[keys[0]]
+                out["warnings"].append(findings.device_warning(
+                    ev, texts, f"all along this trace, as on {len(keys) - 1} other GPU(s) alike: a condition of the "
+                               f"fleet, no one GPU's (and no clean time in the trace to measure the job against)"))
+                named.update(keys)
+    runs, rates, ref = timeline.job_slow_runs(series, opts.episode_options())
     slow_bins = set()
     for run in runs:                   # the job slowed and nobody waited less: whose GPU says why?
         slow_bins.update(range(run.start, run.end))
         if any(b in busy for b in range(run.start, run.end)):
             continue
-        evidence, texts = devices.over(runner, series, run.start, run.end, opts.user_xids)
+        evidence, texts = devices.over_run(runner, series, run, opts.user_xids, job)
         for ev in devices.standing_out(evidence):
-            keys = sorted(k for k, gpus in gpu_of.items() if k[0] == ev.node and ev.gpu in gpus and k in series.ranks)
+            if ev.key in named:
+                continue
             own = devices.within([r for r in per_gpu.get(ev.key, []) if r[2] == ev.kind], run)   # where it said it
             if own is None:
                 continue
-            j = timeline.judge_device(series, own, ev, keys, rates, ref)
-            j.analysis = analyse(runner, opts, timeline.episode_windows(series, j.episode, found), span_rows)
-            ranks = [series.rank_of.get(k) for k in keys if series.rank_of.get(k) is not None]
-            j.findings = findings.device_findings(series.sql, texts, j, ev, ranks)
-            for f in j.findings:
-                f.at_ns = series.to_node(ev.node, j.episode.start_ns)
-                f.window_ns = [f.at_ns, series.to_node(ev.node, j.episode.end_ns)]
-            judged.append(j)
+            judged.append(device_named(ev, texts, own, rates, ref))
             named.add(ev.key)
         for kind, keys in devices.alike_runs(per_gpu, run, len(evidence)).items():
             ev = evidence.get(keys[0]) or devices.GpuEvidence(*keys[0], kind=kind, detail="its samples say so")
@@ -427,7 +530,7 @@ def _device_evidence(runner, opts, series, found, judged, span_rows):
         for start, end, kind in gpu_runs:
             if any(b in slow_bins or b in busy for b in range(start, end)):
                 continue
-            evidence, run_texts = devices.over(runner, series, start, end, opts.user_xids)
+            evidence, run_texts = devices.over(runner, series, start, end, opts.user_xids, job)
             ev = evidence.get(key)
             if ev is not None and ev.kind:
                 out["warnings"].append(findings.device_warning(ev, run_texts, "while the job did not slow down"))
@@ -435,7 +538,29 @@ def _device_evidence(runner, opts, series, found, judged, span_rows):
     return out
 
 
-def analyse(runner, opts, windows, span_rows, wait_def=None, expected_share=1.0):
+ALL_ALONG_SHARE = 0.8                  # a GPU's evidence over this share of the job's bins: there all along
+
+
+def _all_along_runs(series, per_gpu, named):
+    """{(node, gpu): (start, end, kind)}: a GPU's run of evidence (devices.device_runs) that covers at least
+    ALL_ALONG_SHARE of the bins in which the job ran — a GPU slow before tracing began, or for most of the
+    trace, where the job has no clean time of its own to be measured against."""
+    job_bins = sorted(set().union(*(timeline.usable(series, k) for k in series.ranks))) if series.ranks else []
+    if len(job_bins) < 4:
+        return {}
+    out = {}
+    for key, gpu_runs in per_gpu.items():
+        if key in named:
+            continue
+        for start, end, kind in gpu_runs:
+            inside = sum(1 for b in job_bins if start <= b < end)
+            if inside >= ALL_ALONG_SHARE * len(job_bins):
+                out[key] = (start, end, kind)
+                break
+    return out
+
+
+def analyse(runner, opts, windows, span_rows, wait_def=None, expected_share=1.0, min_gap=None):
     """One window per rank -> the model's inputs (each rank's time over its baseline and recent part, the
     slices of the recent part) and its verdict, as a Context for the findings. wait_def: the job's wait
     definition, when its whole trace has told it (timeline.job_wait_def). expected_share: the share of
@@ -443,6 +568,8 @@ def analyse(runner, opts, windows, span_rows, wait_def=None, expected_share=1.0)
     the consistency test asks for its share of that."""
     mopts = opts.model_options()
     mopts.wait_def = wait_def
+    if min_gap is not None:
+        mopts.min_gap = min_gap
     mopts.consistency *= expected_share
     rank_of = {(r["node"], int(r["pid"])): r["rank"] for r in span_rows}
     interval_of = {(r["node"], int(r["pid"])): int(r["interval_ns"] or 1) for r in span_rows}
@@ -491,10 +618,16 @@ def analyse(runner, opts, windows, span_rows, wait_def=None, expected_share=1.0)
             slice_index.append(index)
 
     ranks = sorted(recent.values(), key=lambda r: (r.key[0], r.rank if r.rank is not None else -1, r.key[1]))
-    verdict = model.find_stragglers(ranks, slices, mopts)
+    mix_sql = sql.call_mix(windows) if windows else None
+    mix = {}
+    for r in (runner.rows(mix_sql) if mix_sql else []):
+        if r["part"] == "recent":
+            mix[(r["node"], int(r["pid"]))] = dict(launches=int(r["launches"] or 0), collectives=int(r["collectives"] or 0))
+    verdict = model.find_stragglers(ranks, slices, mopts, mix=mix)
     return Context(runner=runner, opts=opts, mopts=mopts, span_rows=span_rows, windows=windows, win_of=win_of,
                    threads_sql=threads_sql, slices_sql=slices_sql, verdict=verdict, slices=slices,
-                   slice_index=slice_index, slice_ns=slice_ns, recent=recent, baseline=baseline, ranks=ranks)
+                   slice_index=slice_index, slice_ns=slice_ns, recent=recent, baseline=baseline, ranks=ranks,
+                   mix=mix, mix_sql=mix_sql)
 
 
 def _order(found):

@@ -13,6 +13,8 @@ few bins) stays one episode, described as intermittent by its on and off runs (p
 from dataclasses import dataclass, field
 import statistics
 
+MERGE_BINS = 2                 # runs of one node's ranks this close are one episode (and a GPU's runs of
+                               # evidence this close one stretch: devices.within)
 # evidence per bin is clipped to this (one extreme bin cannot outweigh a switch on its own)
 MAX_EVIDENCE = 0.5
 # a stretch at an episode's end is compared with the rest from this many bins (a fault's first bins already count)
@@ -119,6 +121,21 @@ def straggling_runs(gaps, opts=None):
     return out
 
 
+def may_resume(after, opts=None):
+    """Whether a run that ended where `after` begins (the rank's gaps since: None where no data) would
+    take a resumption into itself: the segmentation ends a run at the trace's edge at its first bin below
+    the threshold, and bridges an off-stretch later when it costs less than leaving and re-entering the
+    straggling state (2 x switch_cost of evidence) and runs this close are one episode anyway
+    (MERGE_BINS). So an episode ended at the edge is closed only once the bins after it hold that much
+    healthy evidence and more than MERGE_BINS bins (a watch says "recovered" then, not at the first
+    quiet bin)."""
+    opts = opts or EpisodeOptions()
+    threshold = opts.min_gap / 2
+    seen = [g for g in after if g is not None]
+    healthy = sum(max(0.0, min(MAX_EVIDENCE, threshold - g)) for g in seen)
+    return len(seen) <= MERGE_BINS or healthy < 2 * opts.switch_cost
+
+
 def stretch(gaps, start, end, opts):
     """Bins [start, end) of one rank's gaps as a Run (its mean gap, its on/off structure), and the gap it
     is judged by: a fault that comes and goes by its on-phases (the mean of its on-bins), a steady one by
@@ -215,3 +232,67 @@ def _median_without(values, i):
     if m % 2:
         return at(m // 2)
     return (at(m // 2 - 1) + at(m // 2)) / 2
+
+
+# Pauses: one rank stopping for a moment every few seconds (a full garbage collection, a logging flush, a
+# data-loader stall) — too short for a bin to hold a straggle episode's gap, too regular to be noise.
+PAUSE_MIN_GAP = 0.08           # a pause costs its peers at least this share of a bin (80 ms of 1 s)
+PAUSE_NOISE = 4.0              # ... and stands this many times the rank's own spread above its usual gap
+PAUSE_MAX_BINS = 2             # a pause spans at most this many bins (a longer stop is a straggle episode)
+PAUSE_MIN_COUNT = 5            # at least this many pauses ...
+PAUSE_MAX_PERIOD_BINS = 10     # ... one every this many bins at most (1 to 5 s on 1 s bins: the usual rhythms)
+PAUSE_MAX_SPREAD = 0.6         # ... their spacing's coefficient of variation at most this (a rhythm, not noise)
+PAUSE_MAX_LENGTH = 0.45        # ... each at most this share of a bin (a longer stop every few bins is a fault that
+                               # comes and goes, told by its on and off runs)
+
+
+@dataclass
+class Pauses:
+    """A rank's pauses: bins [start, end) from its first to its last, each pause's bins, and its size."""
+    start: int
+    end: int
+    runs: list                     # [(start, end)] the bins of each pause
+    length_bins: float             # the median pause, in bins (its peers' extra wait: the gap it left)
+    period_bins: float             # the median spacing of their starts
+    mean_gap: float                # the mean gap of the pause bins
+
+    def as_run(self, gaps):
+        on = list(self.runs)
+        off = [(a[1], b[0]) for a, b in zip(on, on[1:]) if b[0] > a[1]]
+        values = [gaps[b] for s, e in on for b in range(s, e) if gaps[b] is not None]
+        return Run(start=self.start, end=self.end, bins=sum(e - s for s, e in on), mean_gap=statistics.mean(values),
+                   on_runs=on, off_runs=off)
+
+
+def _quantile(sorted_values, q):
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def pauses(gaps):
+    """One rank's pauses in its gap series (gap_series; None where it has no data) -> Pauses, or None. A
+    pause bin stands PAUSE_NOISE times the rank's spread above its usual gap (both from its lower bins: up
+    to half of them may hold a pause) and by PAUSE_MIN_GAP at least; pauses are runs of such bins of at most
+    PAUSE_MAX_BINS, at least PAUSE_MIN_COUNT of them, about as far apart each time."""
+    values = sorted(g for g in gaps if g is not None)
+    if len(values) < 2 * PAUSE_MIN_COUNT:
+        return None
+    base = _quantile(values, 0.25)
+    low = [v for v in values if v <= _quantile(values, 0.45)]
+    spread = 1.4826 * statistics.median(abs(v - statistics.median(low)) for v in low)
+    threshold = base + max(PAUSE_MIN_GAP, PAUSE_NOISE * spread)
+    runs = _runs([g is not None and g >= threshold for g in gaps], 0, len(gaps))
+    if not runs or any(e - s > PAUSE_MAX_BINS for s, e in runs) or len(runs) < PAUSE_MIN_COUNT:
+        return None
+    starts = [s for s, _ in runs]
+    spacing = [b - a for a, b in zip(starts, starts[1:])]
+    period = statistics.median(spacing)
+    if period > PAUSE_MAX_PERIOD_BINS or period < 1.5 or \
+            statistics.pstdev(spacing) > PAUSE_MAX_SPREAD * statistics.mean(spacing):
+        return None
+    lengths = [sum(gaps[b] - base for b in range(s, e)) for s, e in runs]
+    if statistics.median(lengths) > PAUSE_MAX_LENGTH:
+        return None
+    pause_values = [gaps[b] for s, e in runs for b in range(s, e)]
+    return Pauses(start=runs[0][0], end=runs[-1][1], runs=runs, length_bins=statistics.median(lengths),
+                  period_bins=period, mean_gap=statistics.mean(pause_values))
+

@@ -5,36 +5,14 @@ Findings to the Report; the decisions themselves are model.py's (and comms.py's)
 from ...probes import symbols
 from ...text import fmt_bytes, fmt_ns as _fmt_ns
 from . import comms as comms_model, model, sql
+from .causes import (CAUSE_CLASSES, DEVICE_RECOMMENDATION, DEVICE_WORDS, IMBALANCE_RECOMMENDATION,
+                     MORE_WORK_RECOMMENDATION, SIMPLE_CAUSES)
 from .report import Finding
 
-CAUSE_CLASSES = ("cpu-contention", "self-contention", "host-compute", "gpu-slow", "cuda-calls", "io-self",
-                 "io-other", "gpu-throttled", "gpu-link", "gpu-errors", "unknown")
-DEVICE_WORDS = {"gpu-throttled": "GPU throttled", "gpu-link": "GPU link degraded", "gpu-errors": "GPU errors"}
 
 
 def _fmt_bytes(b):
     return fmt_bytes(b or 0)
-
-
-# excess component -> (cause class, summary, recommendation): the classes that need no more evidence
-SIMPLE_CAUSES = {
-    "host": ("host-compute",
-             "host compute on {node}: its calling thread computes on the CPU outside CUDA/NCCL calls more than the others "
-             "— {grew} vs {others} "
-             "(data loading, preprocessing, Python, GC)",
-             "profile the step's host side on that node (py-spy top --pid PID): data loading (more DataLoader workers, "
-             "pinned memory), preprocessing, GC pauses (gc.freeze / gc.disable)"),
-    "sync": ("gpu-slow",
-             "slow GPU on {node}: it spends more time in synchronize (waiting for its own device) than the others, its "
-             "host side does not — {grew} vs {others}; no host process is to blame",
-             "check that GPU: nvidia-smi -q -d PERFORMANCE,CLOCK,TEMPERATURE (throttling, clocks), ECC/XID errors in "
-             "dmesg, its PCIe/NVLink link width; drain the node if it persists"),
-    "work": ("cuda-calls",
-             "CUDA calls slower on {node}: more on-CPU time inside launch/alloc/copy calls than the others — {grew} vs "
-             "{others}",
-             "look at the driver side: allocator churn (cudaMalloc in the loop), pageable copies (pin host memory), "
-             "a contended driver lock"),
-}
 
 
 def error_findings(report, runner, cut=None):
@@ -72,6 +50,28 @@ def error_findings(report, runner, cut=None):
             recommendation=(f"check the GPU, driver and NCCL set-up on {node} (nvidia-smi; dmesg for Xid errors; the "
                             "driver and runtime versions): a node whose calls fail is broken, not fast"),
             share=share, at_ns=first, window_ns=[first, last]))
+
+
+def imbalance_finding(whatif, n_ranks):
+    """The job's time lost at sync points where its slowest rank was none an episode names (steps.py): imbalance
+    that moves between ranks, and jitter — a finding of the job, no node's."""
+    imb = whatif["imbalance"]
+    points = imb["sync_points"] or 1
+    fell = "; ".join(f"{r['node']} (rank {r['rank']}) {r['sync_points'] / points:.0%}" for r in imb["slowest"])
+    top = imb["slowest"][0]["sync_points"] / points if imb["slowest"] else 0.0
+    where = ("no rank stands out: it moves from rank to rank" if top <= 2.0 / max(2, n_ranks) else
+             "the one most often slowest still too little each time to be a straggler episode")
+    share = imb["lost_s"] / whatif["span_s"] if whatif["span_s"] else 0.0
+    numbers = {"lost_s": imb["lost_s"], "lost_ratio": round(share, 3), "sync_points": imb["sync_points"],
+               "job_sync_points": whatif["sync_points"], "span_s": whatif["span_s"],
+               **{f"{r['node']}.rank{r['rank']}.slowest": r["sync_points"] for r in imb["slowest"]}}
+    return Finding(
+        severity="warning", node=None, cause="imbalance",
+        summary=(f"imbalance that moves between ranks: the job lost {imb['lost_s']:g} s ({share:.0%} of its "
+                 f"{whatif['span_s']:g} s) waiting for its slowest rank at {imb['sync_points']:,} of its "
+                 f"{whatif['sync_points']:,} sync points where no episode was — what if every rank had taken the "
+                 f"median rank's time at each; slowest there: {fell or 'nobody'} ({where})"),
+        numbers=numbers, sql=dict(whatif["sql"]), recommendation=IMBALANCE_RECOMMENDATION, share=round(share, 3))
 
 
 def missing_finding(report, ctx, world, spans_sql):
@@ -126,22 +126,26 @@ def unaligned_cut_finding(report, cut, clocks_sql):
 def device_findings(series_sql, device_sql, j, ev, ranks):
     """The findings of an episode named by a GPU's own word (devices.py): every rank waited alike, the
     job ran slower, and one GPU alone reports throttling, a degraded link or errors."""
-    from .devices import RECOMMENDATION
     node = ev.node
     who = (f"rank {_rank_list(ranks)}" if len(ranks) == 1 else f"ranks {_rank_list(ranks)}") if ranks else "its ranks"
     e = j.episode
-    summary = (f"{node} ({who}, GPU {ev.gpu}) is the straggler: the job ran ×{j.slowdown:.2f} slower while every rank "
-               f"waited alike (in synchronize: with collectives that only enqueue the calls cannot tell whose GPU "
-               f"is slow) — and its GPU alone says why: {ev.detail}")
+    if j.all_along:
+        how = ("slow all along: no clean time in this trace (its GPU said so from the first sample to the last), "
+               "so the job's slowdown is not measured; judged against the other GPUs at work at the same time. Every "
+               "rank waited alike")
+    else:
+        how = f"the job ran ×{j.slowdown:.2f} slower while every rank waited alike"
+    summary = (f"{node} ({who}, GPU {ev.gpu}) is the straggler: {how} (in synchronize: with collectives that only "
+               f"enqueue the calls cannot tell whose GPU is slow) — and its GPU alone says why: {ev.detail}")
     sql_texts = {"series": series_sql.strip(), **{k: v.strip() for k, v in device_sql.items()}}
-    numbers = dict(gpu=ev.gpu, slowdown=round(j.slowdown, 3), **{k: v for k, v in ev.numbers.items()
-                                                                   if not isinstance(v, list)})
+    numbers = dict(gpu=ev.gpu, slowdown=None if j.slowdown is None else round(j.slowdown, 3), all_along=j.all_along,
+                   **{k: v for k, v in ev.numbers.items() if not isinstance(v, list)})
     out = [Finding(severity="critical", node=node, cause="straggler", summary=summary, numbers=numbers,
                    sql=sql_texts, recommendation="see the cause finding below", share=1.0),
            Finding(severity="critical", node=node, cause=ev.kind,
                    summary=f"{DEVICE_WORDS[ev.kind]} on {node} GPU {ev.gpu} ({who}): {ev.detail}",
                    numbers=dict(gpu=ev.gpu, **{k: v for k, v in ev.numbers.items() if not isinstance(v, list)}),
-                   sql={k: v.strip() for k, v in device_sql.items()}, recommendation=RECOMMENDATION[ev.kind],
+                   sql={k: v.strip() for k, v in device_sql.items()}, recommendation=DEVICE_RECOMMENDATION[ev.kind],
                    share=1.0)]
     del e
     return out
@@ -150,7 +154,6 @@ def device_findings(series_sql, device_sql, j, ev, ranks):
 def add_device_evidence(found, ev, device_sql):
     """A straggler's GPU that also reports why (a slow GPU in the blocking style): its evidence goes into
     the gpu-slow finding of that node (summary, numbers, SQL, recommendation); else an info finding."""
-    from .devices import RECOMMENDATION
     slow = next((f for f in found if f.cause == "gpu-slow" and f.node == ev.node), None)
     words = f"its GPU {ev.gpu} says why — {DEVICE_WORDS[ev.kind].lower()}: {ev.detail}"
     if slow is not None:
@@ -158,20 +161,19 @@ def add_device_evidence(found, ev, device_sql):
         slow.numbers.update({f"gpu.{k}": v for k, v in ev.numbers.items() if not isinstance(v, list)},
                             gpu=ev.gpu, gpu_evidence=ev.kind)
         slow.sql.update({k: v.strip() for k, v in device_sql.items()})
-        slow.recommendation = RECOMMENDATION[ev.kind]
+        slow.recommendation = DEVICE_RECOMMENDATION[ev.kind]
         return
     found.append(Finding(severity="info", node=ev.node, cause=ev.kind, summary=f"{ev.node}: {words}",
                          numbers=dict(gpu=ev.gpu), sql={k: v.strip() for k, v in device_sql.items()},
-                         recommendation=RECOMMENDATION[ev.kind], share=0.0))
+                         recommendation=DEVICE_RECOMMENDATION[ev.kind], share=0.0))
 
 
 def device_warning(ev, device_sql, why):
     """A GPU's evidence where the job did not slow down: a warning, never a straggler."""
-    from .devices import RECOMMENDATION
     return Finding(severity="warning", node=ev.node, cause=ev.kind,
                    summary=f"{DEVICE_WORDS[ev.kind]} on {ev.node} GPU {ev.gpu}, {why}: {ev.detail}",
                    numbers=dict(gpu=ev.gpu, **{k: v for k, v in ev.numbers.items() if not isinstance(v, list)}),
-                   sql={k: v.strip() for k, v in device_sql.items()}, recommendation=RECOMMENDATION[ev.kind],
+                   sql={k: v.strip() for k, v in device_sql.items()}, recommendation=DEVICE_RECOMMENDATION[ev.kind],
                    share=0.0)
 
 
@@ -339,15 +341,21 @@ def _cause_findings(report, ctx, rt, others, base):
                 extra_sql={"thieves": sql.thieves(windows, node, pid).strip()},
                 recommendation="give the trainer more cores (its cpuset/affinity), or fewer threads: torch.set_num_threads, "
                                "OMP_NUM_THREADS, DataLoader num_workers sized to the cores it has")
-    for component, (cause, what, recommendation) in SIMPLE_CAUSES.items():
-        if ex.get(component, 0) > 0:
-            column = f"{component}_ns"
-            add(cause, ex[component] / denom,
-                what.format(node=node, grew=grew(component), others=others_txt(component)),
-                dict({f"{component}_pct": round(100 * rt.share(component), 1), "excess_ns": excess_ns},
-                     **({column: rt.raw[column]} if column in rt.raw else {})),
-                sources={column: dict(sql="threads", match=match, column=column)} if column in rt.raw else {},
-                recommendation=recommendation)
+    same_work = model.work_ratio(rt.key, [o.key for o in others], ctx.mix)
+    more = _more_work(ctx, rt, others, ex, same_work)
+    if more is not None:
+        share, (mine, med, ratio), parts = more
+        add("more-work", share / denom,
+            f"more work on {node}: it launches {mine:.1f} kernels per collective vs {med:.1f} median on the other ranks "
+            f"(×{ratio:.2f}) — the same collectives, more work between them (a pipeline stage with more layers, a "
+            f"longer batch); its GPU and launch time above the others' is what those kernels take"
+            + (f", and {_pct(parts['rest'] / denom)} of its excess is beyond them" if parts["rest"] > 0 else ""),
+            {"launches_per_collective": round(mine, 2), "others_launches_per_collective": round(med, 2),
+             "work_ratio": round(ratio, 3), "excess_ns": excess_ns},
+            extra_sql={"call_mix": ctx.mix_sql.strip()}, recommendation=MORE_WORK_RECOMMENDATION)
+    # its own block I/O first: the CPU it took to copy what it wrote (into the page cache) is host compute to
+    # the step-time model, and the I/O's, not the rank's other work (at least bytes / PAGE_CACHE_BYTES_PER_S)
+    io = None
     if ex.get("io", 0) > 0:
         io_sql = sql.block_io(windows, node, pid)
         rows = runner.rows(io_sql)
@@ -355,12 +363,36 @@ def _cause_findings(report, ctx, rt, others, base):
         own_base = sum(r["bytes"] or 0 for r in rows if r["own"] and r["part"] == "baseline")
         others_rec = [r for r in rows if not r["own"] and r["part"] == "recent"]
         cls = model.classify_io(own_rec, own_base, sum(r["bytes"] or 0 for r in others_rec), recent_s, base_s)
+        copying = 0.0
+        if cls == "io-self":
+            copying = min(ex.get("host", 0.0), model.copy_share(own_rec, own_base, recent_s, base_s,
+                                                                PAGE_CACHE_BYTES_PER_S))
+            ex["host"] = ex.get("host", 0.0) - copying
+        io = (io_sql, cls, own_rec, others_rec, copying)
+    for component, (cause, what, recommendation) in SIMPLE_CAUSES.items():
+        if ex.get(component, 0) > 0:
+            column = f"{component}_ns"
+            text = what.format(node=node, grew=grew(component), others=others_txt(component))
+            if cause == "gpu-slow" and more is None:       # same work, slower — or can it not be told?
+                text += (f"; it launches as many kernels per collective as the others (×{same_work[2]:.2f}): the same "
+                         f"work, slower" if same_work else "; its kernels per step were not counted, so more work per "
+                         "step (a longer batch, a heavier stage) cannot be told from a slower GPU here")
+            add(cause, ex[component] / denom, text,
+                dict({f"{component}_pct": round(100 * rt.share(component), 1), "excess_ns": excess_ns},
+                     **({column: rt.raw[column]} if column in rt.raw else {})),
+                sources={column: dict(sql="threads", match=match, column=column)} if column in rt.raw else {},
+                recommendation=recommendation)
+    if io is not None:
+        io_sql, cls, own_rec, others_rec, copying = io
         numbers = {"io_ns": rt.raw.get("io_ns"), "own_io_bytes": own_rec, "excess_ns": excess_ns}
         if cls == "io-self":
             summary = (f"its own block I/O on {node}: the trainer sleeps on I/O it issued itself — {grew('io')} vs "
-                       f"{others_txt('io')}; it wrote/read {_fmt_bytes(own_rec)} in the recent window")
+                       f"{others_txt('io')}; it wrote/read {_fmt_bytes(own_rec)} in the recent window"
+                       + (f", and at least {_pct(copying)} of its time went to copying it on its CPU (host compute at "
+                          f"{_fmt_bytes(PAGE_CACHE_BYTES_PER_S)}/s)" if copying > 0 else ""))
             rec = ("move checkpoint writes and data reads out of the training loop's thread: an async checkpoint "
                    "(torch.distributed.checkpoint async_save), a background writer, prefetching loaders")
+            numbers["copying_pct"] = round(100 * copying, 1)
         else:
             top = max(others_rec, key=lambda r: r["bytes"] or 0)
             summary = (f"block I/O of another process on {node}: the trainer's own I/O ({_fmt_bytes(own_rec)}) got "
@@ -368,7 +400,7 @@ def _cause_findings(report, ctx, rt, others, base):
                        f"node — {grew('io')} vs {others_txt('io')}")
             rec = f"`ionice -c3 -p {top['pid']}`, move its I/O to another disk, or schedule it outside training"
             numbers["other_io_bytes"] = top["bytes"]
-        add(cls, ex["io"] / denom, summary, numbers,
+        add(cls, (ex["io"] + copying) / denom, summary, numbers,
             sources={"io_ns": dict(sql="threads", match=match, column="io_ns")},
             extra_sql={"block_io": io_sql.strip()}, recommendation=rec)
     unknown = max(0.0, total - explained) / denom if total > 0 else 0.0
@@ -381,6 +413,32 @@ def _cause_findings(report, ctx, rt, others, base):
             recommendation="profile its blocking: offcputime-style stacks (py-spy dump --pid PID) while it straggles")
 
 
+def _more_work(ctx, rt, others, ex, found):
+    """The straggler's more work per step (`found`: model.work_ratio): the part of its sync and work excess (`ex`,
+    taken out of it in place) that its extra kernels account for — the others' median share of each times
+    the extra kernels — as (that share of wall time, (its kernels per collective, the others', the ratio),
+    {"rest": what is left beyond them}); None when it launches no more than the others (more_work_ratio)."""
+    if found is None or found[2] < ctx.mopts.more_work_ratio:
+        return None
+    mine, _, ratio = found
+    taken = 0.0
+    for component in ("sync", "work"):
+        if ex.get(component, 0) <= 0:
+            continue
+        theirs = model.median([o.share(component) for o in others])
+        per_kernel = (rt.share(component) / ratio) / theirs if theirs > 0 else float("inf")
+        # as fast per kernel as the others: all of it is the extra kernels; else what they would take at the
+        # others' speed, the rest being a slower device (or calls)
+        part = ex[component] if per_kernel <= ctx.mopts.same_speed_ratio else min(ex[component], theirs * (ratio - 1.0))
+        ex[component] -= part
+        taken += part
+    if taken <= 0:
+        return None
+    return taken, found, {"rest": sum(ex.get(c, 0.0) for c in ("sync", "work"))}
+
+
+PAGE_CACHE_BYTES_PER_S = 4 << 30   # a core copies written data into the page cache at most this fast: the least
+                                   # CPU its own writes took a rank (their host compute is the I/O's)
 WRITER_MIN_BYTES = 1 << 20     # a thief is 'a writer' from this much block I/O in the recent window
 
 
@@ -443,9 +501,6 @@ def waiter_finding(report, ctx):
         sql={"threads": ctx.threads_sql.strip()}, recommendation=f"nothing to fix on them: they wait for {who}"))
 
 
-COLLECTIVE_OPS = tuple(op for op, _source, kind, _groups in symbols.FUNCTIONS if kind in symbols.ARG_NCCL_COLL_KINDS)
-
-
 MEMBERS_SHOWN = 8      # per communicator, in a summary and its numbers (a data-parallel group can have thousands)
 
 
@@ -468,7 +523,7 @@ def communicator_finding(report, ctx, cut=None):
     if not windows:
         return
     runner = ctx.runner
-    coll_sql = sql.comm_collectives(windows, COLLECTIVE_OPS)
+    coll_sql = sql.comm_collectives(windows, symbols.COLLECTIVE_OPS)
     coll_rows = runner.rows(coll_sql)
     if not any(r.get("communicator") for r in coll_rows):
         return

@@ -10,15 +10,16 @@ Waiting for peers is coll + blocked; in the enqueue style (NCCL on a GPU) it hid
 the definition that separates the ranks more is used (`choose_wait`). Cause classes map the
 straggler's excess components: runq -> cpu-contention / self-contention (by who held the CPU),
 host -> host-compute, sync -> gpu-slow, work -> cuda-calls, io -> io-self / io-other; what no
-component explains is `unknown`.
+component explains is `unknown`. A rank that launches more kernels per collective than the others
+does more work per step (a pipeline stage with more layers, a longer batch): the part of its sync and
+work excess those kernels account for is `more-work` (work_ratio), the rest stays gpu-slow/cuda-calls.
 """
 import statistics
 from dataclasses import dataclass, field
 
 from ...store.steptime import COMPONENTS, WAIT_DEFS
 
-# which class an excess component is evidence of (runq and io are split further by the evidence)
-COMPONENT_CAUSE = {"host": "host-compute", "sync": "gpu-slow", "work": "cuda-calls"}
+# which class an excess component is evidence of: causes.COMPONENT_CAUSE (runq and io split further by the evidence)
 OWN_KINDS = ("own", "sibling")  # thieves that are the job itself: the trainer (or its children), or another
                                 # rank of the same job on the node (explain marks those "sibling")
 
@@ -31,7 +32,14 @@ class ModelOptions:
     consistency: float = 0.6     # ... in at least this share of the window's slices
     min_cause_share: float = 0.1 # a cause finding needs at least this share of the straggler's excess
     enqueue_margin: float = 0.02 # counting sync as waiting must separate the ranks by this much more
-    max_step_rate_ratio: float = 1.25   # a rank calling much more often than the others is not in lockstep
+    max_step_rate_ratio: float = 1.25   # a rank calling collectives at a rate this different from the others' (or,
+                                        # where the collectives are not counted, CUDA calls) is not in lockstep
+    more_work_ratio: float = 1.15       # a rank launching this many times the others' kernels per collective does
+                                        # more work per step: a cause of its own (more-work), not a slow device
+    same_speed_ratio: float = 1.25      # ... and when its time per kernel (in synchronize, in launches) is at most
+                                        # this times the others', its kernels run as fast as theirs: all of that
+                                        # excess is the extra kernels (GPU work overlaps host work, so the time
+                                        # per kernel a rank waits is not exact)
     wait_def: str = None         # the job's wait definition when it is known (from its whole trace: where its
                                  # ranks wait); None: chosen here, by the one that separates the ranks more
 
@@ -92,17 +100,62 @@ class Verdict:
     rejected: list = field(default_factory=list)     # [(RankTime, reason)]
 
 
-def find_stragglers(ranks, slices, opts, max_nodes=2, max_ranks=64):
+def collective_rates(ranks, mix):
+    """{key: collectives per second} of the ranks whose collectives the aggregates counted (mix: {key:
+    {"launches", "collectives"}} over the same time as the ranks')."""
+    out = {}
+    for r in ranks:
+        m = (mix or {}).get(r.key)
+        if m and m.get("collectives") and r.wall_ns:
+            out[r.key] = m["collectives"] / (r.wall_ns / 1e9)
+    return out
+
+
+def out_of_lockstep(key, ranks, coll, ratio):
+    """Why the rank `key` is not in lockstep with the others, or None (coll: collective_rates). Ranks in
+    lockstep call the same collectives as often (one step, one set of collectives); how much work they
+    launch between them may differ (a stage with more layers, a longer batch): that is more work, not
+    another rhythm. Where the collectives are not counted, a rank calling CUDA far more often than the others
+    is out of lockstep."""
+    if key in coll and len(coll) >= 2:
+        med = median([v for k, v in coll.items() if k != key])
+        if med > 0 and not 1 / ratio <= coll[key] / med <= ratio:
+            return (f"calls collectives ×{coll[key] / med:.2f} as often as the others: not in lockstep with them (another "
+                    f"step count or communicator)")
+        return None
+    rates = {r.key: r.calls / r.wall_ns for r in ranks if r.wall_ns}
+    other_rates = [v for k, v in rates.items() if k != key]
+    if other_rates and rates.get(key, 0) > ratio * median(other_rates):
+        return "calls CUDA far more often than the others: not in lockstep with them"
+    return None
+
+
+def work_ratio(key, other_keys, mix):
+    """How much more work the rank `key` launches per step than the others: (its kernels per collective, the
+    others' median, the ratio), or None where the aggregates did not count them."""
+    def per_step(k):
+        m = (mix or {}).get(k)
+        return m["launches"] / m["collectives"] if m and m.get("collectives") and m.get("launches") is not None else None
+    mine = per_step(key)
+    others = [v for v in (per_step(k) for k in other_keys) if v is not None]
+    if mine is None or not others or median(others) <= 0:
+        return None
+    med = median(others)
+    return mine, med, mine / med
+
+
+def find_stragglers(ranks, slices, opts, max_nodes=2, max_ranks=64, mix=None):
     """The rank(s) that wait materially and consistently less than the others, ranked; at most
     `max_nodes` nodes (all the straggling ranks of each: one slow GPU of eight is one rank, CPU contention
     on a node all of its ranks).
 
     `ranks`: RankTime over the recent window, one per rank; `slices`: lists of RankTime over short
-    parts of it. A machine-wide change moves every rank's wait alike and names none."""
+    parts of it; mix: each rank's kernels and collectives over the same time (the lockstep test). A
+    machine-wide change moves every rank's wait alike and names none."""
     verdict = Verdict(wait_def=choose_wait(ranks, opts))
     if len(ranks) < 2:
         return verdict
-    rates = {r.key: r.calls / r.wall_ns for r in ranks if r.wall_ns}
+    coll = collective_rates(ranks, mix)
     named = []
     for _ in range(min(max_ranks, len(ranks) - 1)):
         sep = separation(ranks, verdict.wait_def, exclude=[s["rank"].key for s in named])
@@ -127,9 +180,9 @@ def find_stragglers(ranks, slices, opts, max_nodes=2, max_ranks=64):
         if slices and consistency < opts.consistency:
             verdict.rejected.append((least, f"waits less only in {consistency:.0%} of the window's slices"))
             break
-        other_rates = [v for k, v in rates.items() if k != least.key]
-        if other_rates and rates.get(least.key, 0) > opts.max_step_rate_ratio * median(other_rates):
-            verdict.rejected.append((least, "calls CUDA far more often than the others: not in lockstep with them"))
+        apart = out_of_lockstep(least.key, ranks, coll, opts.max_step_rate_ratio)
+        if apart:
+            verdict.rejected.append((least, apart))
             break
         named.append(dict(rank=least, wait=wait, others_median=med, gap=gap, consistency=consistency))
     verdict.stragglers = named
@@ -202,3 +255,14 @@ def classify_io(own_bytes_recent, own_bytes_base, others_bytes_recent, recent_s,
     if others_rate > 2 * own_rate and not grew:
         return "io-other"
     return "io-self"
+
+
+def copy_share(own_bytes_recent, own_bytes_base, recent_s, base_s, bytes_per_s):
+    """The least share of its time a rank spent copying the block I/O it issued (written data goes into the
+    page cache on its own CPU, at most bytes_per_s): its I/O rate grown over its baseline, / bytes_per_s.
+    To the step-time model that CPU is host compute; its cause is the rank's own I/O."""
+    if recent_s <= 0 or bytes_per_s <= 0:
+        return 0.0
+    grown = own_bytes_recent / recent_s - (own_bytes_base / base_s if base_s > 0 else 0.0)
+    return max(0.0, grown) / bytes_per_s
+

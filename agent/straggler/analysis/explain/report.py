@@ -40,8 +40,10 @@ class Report:
     timeline: dict = None                           # the trace's span and bins on the fleet timeline
     span: dict = None                               # --since/--until: the span judged (fleet time, UTC) and each
                                                     # node's bounds on its own clock (span.Cut.to_dict)
+    whatif: dict = None                             # the job's time lost at its sync points, split by what lost it
+                                                    # (steps.py); {"measured": false, "why": ...} when it is not
 
     def to_dict(self):
         return dict(straggler=self.straggler, stragglers=self.stragglers, findings=[f.to_dict() for f in self.findings], nodes=self.nodes,
                     missing=self.missing, source=self.source, options=self.options, elapsed_s=self.elapsed_s,
-                    episodes=self.episodes, timeline=self.timeline, span=self.span)
+                    episodes=self.episodes, timeline=self.timeline, span=self.span, whatif=self.whatif)

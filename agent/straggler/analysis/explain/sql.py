@@ -4,7 +4,7 @@ same text runs on a merged cluster.db (once) or on every node's own store throug
 Values computed from earlier answers (each rank's windows, the straggler's pid) are written into
 the later queries as literals, so each finding's SQL reproduces its numbers as it stands.
 Nothing here decides anything (model.py does), and no decision reads an SQL string."""
-from ...probes.symbols import NOT_FAILURES, SETUP_OK
+from ...probes.symbols import COLLECTIVE_OPS, LAUNCH_OPS, NOT_FAILURES, SETUP_OK
 from ...store.steptime import wait_share_sql
 from ...text import sql_literal as lit, sql_quote as q
 
@@ -158,6 +158,24 @@ GROUP BY tt.node, tt.pid, tt.tid, w.part
 ORDER BY tt.node, tt.pid, tt.tid, w.part"""
 
 
+def call_mix(windows):
+    """What each rank did in its baseline and recent part, counted by the kernel's aggregates (every call,
+    recorded or not): kernels launched and collectives called (a step's collectives are the same on every
+    rank of a job in lockstep; the kernels between them are its work)."""
+    launches = ", ".join(q(op) for op in LAUNCH_OPS)
+    colls = ", ".join(q(op) for op in COLLECTIVE_OPS)
+    return f"""
+WITH {win_cte(windows)}
+SELECT a.node, a.pid, w.part AS part,
+       SUM(CASE WHEN a.op IN ({launches}) THEN a.count ELSE 0 END) AS launches,
+       SUM(CASE WHEN a.op IN ({colls}) THEN a.count ELSE 0 END) AS collectives
+FROM win w
+JOIN aggregates a ON a.node = w.node AND a.pid = w.pid AND a.ts >= w.lo AND a.ts < w.hi
+WHERE a.source IN ('cuda', 'driver', 'nccl') AND {_hull_filter(windows, "a")}
+GROUP BY a.node, a.pid, w.part
+ORDER BY a.node, a.pid, w.part"""
+
+
 def slices(windows, slice_ns):
     """The recent part cut into slices of slice_ns from where it begins: thread_time summed per thread
     and slice."""
@@ -204,11 +222,11 @@ ORDER BY part, bytes DESC"""
 
 
 RANKS = """
-SELECT node, MIN(rank) AS rank, MAX(world_size) AS world_size, GROUP_CONCAT(DISTINCT pid) AS pids
+SELECT node, pid, MIN(rank) AS rank, MAX(world_size) AS world_size
 FROM processes
 WHERE rank IS NOT NULL
-GROUP BY node
-ORDER BY node"""
+GROUP BY node, pid
+ORDER BY node, pid"""
 
 INVENTORY = """
 SELECT node, COUNT(*) AS events, SUM(source IN ('cuda', 'driver', 'nccl')) AS calls,
@@ -294,6 +312,32 @@ GROUP BY e.node, e.pid, communicator, e.op
 ORDER BY e.node, e.pid, communicator, e.op"""
 
 
+def step_calls(ranges, ops, limit):
+    """Every collective call of each rank over its range [(node, pid, lo, hi, offset)] (its node's clock; the
+    agent records each one: WHY_COLL), in order: where it ended on the fleet timeline and how long the rank
+    waited in it, with its communicator; at most `limit` rows."""
+    return f"""
+WITH {values_cte("rk", ("node", "pid", "lo", "hi", "off"), sorted(ranges))}
+SELECT e.node, e.pid, e.ts + e.duration + rk.off AS end_ns, e.duration AS wait_ns,
+       json_extract(e.detail, '$.comm') AS communicator
+FROM rk JOIN events e ON e.pid = rk.pid AND e.ts >= rk.lo AND e.ts < rk.hi AND e.node = rk.node
+WHERE e.source = 'nccl' AND e.op IN ({', '.join(q(o) for o in ops)})
+ORDER BY e.node, e.pid, e.ts
+LIMIT {int(limit)}"""
+
+
+def step_counts(ranges, ops):
+    """How many collective calls each rank made over the same ranges, counted by the kernel (aggregates): is
+    every one recorded?"""
+    return f"""
+WITH {values_cte("rk", ("node", "pid", "lo", "hi", "off"), sorted(ranges))}
+SELECT a.node, a.pid, SUM(a.count) AS calls
+FROM rk JOIN aggregates a ON a.node = rk.node AND a.pid = rk.pid AND a.ts >= rk.lo AND a.ts < rk.hi
+WHERE a.source = 'nccl' AND a.op IN ({', '.join(q(o) for o in ops)})
+GROUP BY a.node, a.pid
+ORDER BY a.node, a.pid"""
+
+
 # ---- a long trace: its roll-ups first (store.rollup; coarse.py) ---------------------------------------
 HAS_ROLLUPS = "SELECT COUNT(*) AS present FROM pragma_table_list WHERE name = 'thread_rollup'"
 
@@ -305,7 +349,7 @@ ROLLUP_CALLERS = """
 SELECT node, pid, tid, MIN(rank) AS rank, SUM(calls) AS calls, SUM(work_ns + sync_ns + coll_ns) AS call_ns,
        MIN(first_ts) AS first_ts, MAX(last_ts) AS last_ts, MAX(summary_ns) AS interval_ns,
        MAX(ts + interval_ns) AS rolled_to, SUM(summaries * summary_ns) AS wall_ns, SUM(sync_ns) AS sync_ns,
-       SUM(coll_ns + blocked_ns) AS other_ns
+       SUM(coll_ns + blocked_ns) AS other_ns, SUM(coll_ns) AS coll_ns
 FROM thread_rollup
 GROUP BY node, pid, tid
 HAVING SUM(calls) > 0

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 
 from ...store.steptime import WAIT_DEFS, rank_time
 from . import episodes as ep, sql, zoom
+from .causes import CAUSE_CLASSES
 from .windows import Window
 
 MAX_SERIES_ROWS = 400_000      # rows the series query may return: bins grow on a long trace of many ranks
 HELPERS_PER_RANK = 4           # the series rows per rank and bin it budgets for (its calling thread and helpers)
 NEIGHBOURHOOD_S = 600.0        # a rank's clean time judged against an episode lies within this of it
-MERGE_BINS = 2                 # runs of one node's ranks this close are one episode
 MIN_SLOWDOWN = 1.05            # an episode's job step time over the clean time around it, at least
 MIN_CLEAN_BINS = 3             # clean time around an episode its slowdown and its causes are measured against
 WAIT_DEF_BINS = 300             # bins per rank that say where the job waits (job_wait_def)
@@ -84,6 +84,9 @@ class Episode:
     start_ns: int = None           # on the fleet timeline (the bins' edges, or finer: zoom_in)
     end_ns: int = None
     zoom_sql: str = None
+    pauses: dict = None            # a rank's pauses (episodes.pauses): {"count", "length_s", "period_s"}
+    may_resume: bool = False       # ended at the trace's edge so lately that a resumption would still be
+                                   # this episode (episodes.may_resume): not closed yet
 
 
 def node_clocks(runner, nodes):
@@ -237,17 +240,27 @@ def job_wait_def(series):
         ok = sorted(usable(series, key))
         picked = [rts[b] for b in ok[::max(1, len(ok) // WAIT_DEF_BINS)]]
         sums.append((sum(rt.wall_ns for rt in picked), sum(rt.raw.get("sync_ns", 0) for rt in picked),
-                     sum(rt.raw.get("coll_ns", 0) + rt.raw.get("blocked_ns", 0) for rt in picked)))
+                     sum(rt.raw.get("coll_ns", 0) + rt.raw.get("blocked_ns", 0) for rt in picked),
+                     sum(rt.raw.get("coll_ns", 0) for rt in picked)))
     series.wait_def = wait_def_of(sums)
     return series.wait_def
 
 
+ENQUEUE_MAX_COLL = 0.05        # collectives that only enqueue return at once: the typical rank is in them at most
+                               # this share of its time (blocking ones hold it while it waits for its peers)
+
+
 def wait_def_of(sums):
-    """job_wait_def's rule over [(wall_ns, sync_ns, coll_ns + blocked_ns)] per rank: 'enqueue' when the
-    typical rank spends more of its time in synchronize than in collectives and blocked."""
-    sync = [s / wall for wall, s, _ in sums if wall]
-    other = [o / wall for wall, _, o in sums if wall]
-    return "enqueue" if sync and statistics.median(sync) > statistics.median(other) else "blocking"
+    """job_wait_def's rule over [(wall_ns, sync_ns, coll_ns + blocked_ns, coll_ns)] per rank: 'enqueue' when
+    the typical rank spends more of its time in synchronize than in collectives and blocked, and its
+    collective calls themselves are short (ENQUEUE_MAX_COLL). A job whose steps are mostly GPU work waits
+    longer for its own device than for its peers: with collectives that block, that is no enqueue style."""
+    sync = [s / wall for wall, s, _, _ in sums if wall]
+    other = [o / wall for wall, _, o, _ in sums if wall]
+    coll = [c / wall for wall, _, _, c in sums if wall]
+    if sync and statistics.median(sync) > statistics.median(other) and statistics.median(coll) < ENQUEUE_MAX_COLL:
+        return "enqueue"
+    return "blocking"
 
 
 def gaps(series):
@@ -280,14 +293,52 @@ def find_episodes(series, eopts):
         runs.sort(key=lambda kr: kr[1].start)
         group = []
         for key, run in runs:
-            if group and run.start > max(r.end for _, r in group) + MERGE_BINS:
+            if group and run.start > max(r.end for _, r in group) + ep.MERGE_BINS:
                 out.append(_episode(node, group, series, per_def))
                 group = []
             group.append((key, run))
         if group:
             out.append(_episode(node, group, series, per_def))
+    out.extend(_pause_episodes(series, best, out))
+    for e in out:
+        e.may_resume = not e.reaches_end and any(ep.may_resume(best[k][e.end:], eopts) for k in e.keys if k in best)
     out.sort(key=lambda e: e.start)
     return out
+
+
+def _pause_episodes(series, best, found):
+    """A rank's pauses (episodes.pauses): an episode found whose lead rank's bins are pauses becomes their
+    episode; elsewhere (outside the episodes found: too short for the segmentation) each rank's pauses are an
+    episode of their own — its on-bins the pauses, with their count, length and period. -> the new episodes
+    (the ones found are changed in place)."""
+    out = []
+    for i, e in enumerate(found):
+        g = best.get(e.lead)
+        if g is not None and e.intermittent:
+            p = ep.pauses([x if e.start <= b < e.end else None for b, x in enumerate(g)])
+            if p is not None:
+                found[i] = _as_pauses(series, e.lead, p, g)
+    for key, g in sorted(best.items()):
+        mine = [e for e in found if e.node == key[0]]
+        masked = [None if any(e.start - ep.MERGE_BINS <= b < e.end + ep.MERGE_BINS for e in mine) else x
+                  for b, x in enumerate(g)]
+        p = ep.pauses(masked)
+        if p is not None:
+            out.append(_as_pauses(series, key, p, masked))
+    return out
+
+
+def _as_pauses(series, key, p, gaps):
+    run = p.as_run(gaps)
+    bin_s = series.bin_ns / 1e9
+    e = Episode(node=key[0], keys=[key], start=run.start, end=run.end, runs={key: run}, mean_gap=p.mean_gap,
+                intermittent=True, duty=run.duty, period_bins=p.period_bins, cycles=len(p.runs), lead=key)
+    last = max(usable(series, key), default=series.n_bins - 1)
+    e.reaches_end = e.end > last
+    e.wait_def = job_wait_def(series)
+    e.start_ns, e.end_ns = series.bin_start(e.start), series.bin_start(e.end)
+    e.pauses = dict(count=len(p.runs), length_s=round(p.length_bins * bin_s, 3), period_s=round(p.period_bins * bin_s, 1))
+    return e
 
 
 def _episode(node, group, series, per_def):
@@ -362,7 +413,8 @@ def _recent_and_off(series, episode):
     off-bins too; otherwise over its whole span."""
     lead = episode.runs[episode.lead] if episode.lead in episode.runs else \
         max(episode.runs.values(), key=lambda r: r.mean_gap * r.bins)
-    if episode.intermittent and episode.period_bins and episode.period_bins >= BIN_CYCLE and lead.off_runs:
+    if episode.intermittent and episode.period_bins and (episode.period_bins >= BIN_CYCLE or episode.pauses) \
+            and lead.off_runs:
         on = sorted(b for s, e in lead.on_runs for b in range(s, e) if episode.start <= b < episode.end)
         off = {b for s, e in lead.off_runs for b in range(s, e)}
         if on:
@@ -432,6 +484,8 @@ class Judged:
     series: object = None          # the Series it was found in (a long trace's: its stretch's)
     cut: object = None             # the span.Cut of that series
     attach: list = field(default_factory=list)     # [(GPU evidence, its SQL)] for its findings
+    all_along: bool = False        # there all along (a GPU's own word over the whole trace): the job has no
+                                   # clean time to be measured against, so slowdown and lost_s are not measured
 
     def drags_the_job(self):
         """Whether the job was slower for it: a rank everyone waits for costs the job its gap (at min_gap,
@@ -488,16 +542,21 @@ def judge_window(series, analysis):
     return judge(series, e, [e], analysis)
 
 
-def judge_device(series, run, ev, keys, rates, ref, judged_analysis=None):
-    """An episode named by a GPU's own word over a job-slow run (devices.job_slow_runs): its node, the
+def judge_device(series, run, ev, keys, rates, ref, judged_analysis=None, eopts=None):
+    """An episode named by a GPU's own word over a job-slow run (job_slow_runs): its node, the
     ranks on that GPU, and the job's slowdown there against its best rate."""
     e = Episode(node=ev.node, keys=list(keys), start=run.start, end=run.end, runs={k: run for k in keys},
                 mean_gap=run.mean_gap, lead=keys[0] if keys else None, start_ns=series.bin_start(run.start),
                 end_ns=series.bin_start(run.end))
     last = max((max(u) for u in (usable(series, k) for k in series.ranks) if u), default=series.n_bins - 1)
     e.reaches_end = e.end > last
-    during = [r for r in rates[run.start:run.end] if r]
+    if not e.reaches_end and ref:
+        e.may_resume = ep.may_resume([None if r is None else 1.0 - r / ref for r in rates[run.end:]], eopts)
     j = Judged(episode=e, analysis=judged_analysis, nodes=[ev.node], recent_bins=list(range(run.start, run.end)))
+    if ref is None:                    # all along: no clean time to measure the job against (not measured)
+        j.all_along, j.slowdown, j.lost_s = True, None, 0.0
+        return j
+    during = [r for r in rates[run.start:run.end] if r]
     j.slowdown = max(1.0, ref / statistics.median(during)) if during and ref else 1.0
     j.lost_s = len(j.recent_bins) * series.bin_ns / 1e9 * (1.0 - 1.0 / j.slowdown)
     return j
@@ -511,7 +570,6 @@ def _iso(ns):
 def episode_dict(series, j):
     """An episode as the report holds it (JSON-ready): who, when (fleet time, ns and ISO 8601 UTC), how
     much it cost the job, whether it comes and goes, its causes and findings."""
-    from .findings import CAUSE_CLASSES
     e = j.episode
     start_ns = e.start_ns if e.start_ns is not None else series.bin_start(e.start)
     end_ns = e.end_ns if e.end_ns is not None else series.bin_start(e.end)
@@ -525,8 +583,11 @@ def episode_dict(series, j):
     sql_used = {"series": series.sql.strip(), **({"zoom": e.zoom_sql.strip()} if e.zoom_sql else {})}
     return dict(node=e.node, nodes=j.nodes, ranks=ranks, start_ns=start_ns, end_ns=end_ns, start=_iso(start_ns),
                 end=_iso(end_ns), duration_s=round((end_ns - start_ns) / 1e9, 1),
-                slowdown=round(j.slowdown, 2), slowdown_estimated=j.slowdown_estimated, lost_s=round(j.lost_s, 1),
-                intermittent=intermittent, ongoing=e.reaches_end, mean_gap=round(e.mean_gap, 3),
+                slowdown=None if j.slowdown is None else round(j.slowdown, 2),
+                slowdown_estimated=j.slowdown_estimated, lost_s=None if j.all_along else round(j.lost_s, 1),
+                all_along=j.all_along,
+                intermittent=intermittent, pauses=e.pauses, ongoing=e.reaches_end,
+                may_resume=e.may_resume, mean_gap=round(e.mean_gap, 3),
                 clock_aligned=all(series.clocks[n].aligned for n in j.nodes),
                 causes=causes, findings=[f.to_dict() for f in j.findings], sql=sql_used)
 
@@ -552,3 +613,27 @@ def long_timeline_dict(plan, read):
                                             why=sorted({w for w, _ in st.why}),
                                             changed=sorted(st.changed), bin_s=s.bin_ns / 1e9, sql=s.sql.strip())
                                        for st, s in read]))
+
+
+def job_rate(series):
+    """The job's step rate per bin (whoever waits: devices.py reads a GPU's word where it drops): the median over ranks of their calling thread's calls per second
+    (None where fewer than two ranks have a usable bin)."""
+    ok = {k: usable(series, k) for k in series.ranks}
+    out = []
+    for b in range(series.n_bins):
+        rates = [rts[b].calls / (rts[b].wall_ns / 1e9) for k, rts in series.ranks.items()
+                 if b in ok[k] and rts[b].wall_ns]
+        out.append(statistics.median(rates) if len(rates) >= 2 else None)
+    return out
+
+
+def job_slow_runs(series, eopts):
+    """Where the whole job ran slower than it does at its best (its step rate below the trace's upper
+    quartile by min_gap or more), whoever waits: [episodes.Run] with mean_gap = the rate's drop."""
+    rates = job_rate(series)
+    known = sorted(r for r in rates if r is not None)
+    if len(known) < 4:
+        return [], rates, None
+    ref = known[int(0.75 * (len(known) - 1))]
+    drops = [None if r is None else 1.0 - r / ref for r in rates]
+    return ep.straggling_runs(drops, eopts), rates, ref

@@ -1,0 +1,86 @@
+"""The job step by step (straggler.analysis.explain.steps): each rank's collective calls lined up by where
+they end, and what the job lost at each sync point to its slowest rank — pure functions on small tables,
+and explain over synthetic stores whose every collective is recorded, as the agent records them.
+
+What a user would notice: the time the job lost to a straggler's episode is said as that episode's; a
+different rank slowest at each step (uneven batches) names no node but is reported as imbalance with the
+time it cost; a trace whose collectives were not all recorded says why nothing is measured."""
+import pytest
+
+from straggler.analysis.explain import steps
+
+MS = 1_000_000
+
+
+def test_calls_are_lined_up_by_where_they_end_whatever_each_rank_missed():
+    # three ranks, a sync point every 10 ms; rank b's clock 1 ms off, rank c missed its second call
+    a = [(10 * MS * i, 1 * MS) for i in range(1, 8)]
+    b = [(10 * MS * i + MS, 3 * MS) for i in range(1, 8)]
+    c = [(10 * MS * i, 5 * MS) for i in range(1, 8) if i != 2]
+    ends, waits, steady = steps.line_up({"a": a, "b": b, "c": c})
+    assert len(ends) == 6 and all(w == {"a": MS, "b": 3 * MS, "c": 5 * MS} for w in waits)
+    assert steady["b"] == 1.0 and steady["c"] == pytest.approx(4 / 5)     # c's one missed call changes its shift once
+
+
+def test_calls_of_another_rhythm_do_not_line_up():
+    """A rank of another group, whose collectives end anywhere between the reference rank's: its calls do not
+    keep a place in the reference rank's order."""
+    import random
+    rng = random.Random(5)
+    a = [(10 * MS * i, MS) for i in range(1, 200)]
+    other = sorted((rng.randrange(10 * MS, 2000 * MS), MS) for _ in range(150))
+    assert steps.line_up({"a": a, "x": other})[2]["x"] < steps.MIN_STEADY
+
+
+def test_a_call_that_returned_late_takes_its_place_in_the_order():
+    """Rank b got its CPU back 8 ms late after its third call (a busy machine): more than half the spacing
+    from where the others' ended; it still belongs to that sync point, by its neighbours' order."""
+    a = [(10 * MS * i, 1 * MS) for i in range(1, 8)]
+    b = [(10 * MS * i + (8 * MS if i == 3 else 0), 3 * MS) for i in range(1, 8)]
+    ends, waits, steady = steps.line_up({"a": a, "b": b})
+    assert len(ends) == 7 and all(w == {"a": MS, "b": 3 * MS} for w in waits)
+    assert min(steady.values()) >= steps.MIN_STEADY
+
+
+def test_the_job_loses_the_median_wait_less_the_slowest_ranks_at_each_sync_point():
+    assert steps.lost({"a": 9 * MS, "b": 1 * MS, "c": 8 * MS, "d": 9 * MS}) == (8.5 * MS - 1 * MS, "b")
+    assert steps.lost({"a": 2 * MS, "b": 2 * MS}) == (0, "a")
+
+
+def _steps(pattern, n=40):
+    """Sync points every 10 ms; pattern(i) -> the slowest rank at i (it waits 1 ms, the others 7 ms) or None."""
+    keys = [("n1", 1), ("n2", 2), ("n3", 3), ("n4", 4)]
+    out = steps.Steps(keys=keys)
+    for i in range(n):
+        slow = pattern(i)
+        out.ends.append(10 * MS * i)
+        out.waits.append({k: (MS if k == slow else 7 * MS) if slow else 7 * MS for k in keys})
+    return out
+
+
+def test_the_lost_time_goes_to_the_episode_that_holds_it_and_the_rest_to_imbalance():
+    s = _steps(lambda i: ("n2", 2) if 10 <= i < 20 else [("n1", 1), ("n3", 3), ("n4", 4)][i % 3] if i >= 25 else None)
+    episode = (dict(what="episode", node="n2"), "n2", [("n2", 2)], 10 * 10 * MS, 19 * 10 * MS)
+    w = steps.whatif(s, [episode], 400 * MS)
+    assert w.parts == [dict(what="episode", node="n2", lost_s=pytest.approx(10 * 0.006))]
+    assert w.imbalance["lost_s"] == pytest.approx(15 * 0.006) and w.imbalance["sync_points"] == 15
+    assert dict(w.imbalance["slowest"]) == {("n1", 1): 5, ("n3", 3): 5, ("n4", 4): 5}
+    assert w.lost_s == pytest.approx(25 * 0.006) and w.lost_ratio == pytest.approx(0.15 / 0.4)
+
+
+def test_without_sync_points_nothing_is_measured():
+    assert steps.whatif(steps.Steps(keys=[]), [], 0) is None
+
+
+@pytest.mark.parametrize("style, why", [("enqueue", "only enqueue"), ("blocking", "no steps to line up")])
+def test_a_trace_whose_steps_cannot_be_lined_up_says_why_the_time_lost_is_not_measured(tmp_path, style, why):
+    """Collectives that only enqueue return at once (the ranks wait in synchronize); a store without its
+    collectives (this synthetic one, or an agent run with --no-collective-rows) has none to line up."""
+    from straggler.analysis import explain
+    from straggler.render.report import to_text
+    from straggler_lab import series
+    path = str(tmp_path / "cluster.db")
+    series.write_cluster(path, series.SeriesSpec(seconds=120, style=style))
+    report = explain.explain_db(path)
+    assert report.whatif["measured"] is False and why in report.whatif["why"]
+    assert to_text(report, show_sql=False).splitlines()[2].startswith("time lost: not measured (")
