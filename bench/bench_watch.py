@@ -206,7 +206,8 @@ def main(argv=None):
     started = time.monotonic()
     results = dict(quick=args.quick, runs=runs, machine=dict(cpus=os.cpu_count()),
                    defaults=dict(interval_s=watch.DEFAULT_INTERVAL_S, window_s=watch.DEFAULT_WINDOW_S,
-                                 baseline_s=watch.DEFAULT_BASELINE_S, confirm=watch.CONFIRM_TICKS, clear=watch.CLEAR_TICKS))
+                                 baseline_s=watch.DEFAULT_BASELINE_S, confirm=watch.CONFIRM_TICKS, clear=watch.CLEAR_TICKS,
+                                 hold=watch.HOLD_TICKS))
 
     def log(text):
         print(text, flush=True)

@@ -173,6 +173,29 @@ def test_huge_rows_stream_and_the_agents_peak_memory_stays_bounded(certs, node_d
     assert grown < 30 * MB, f"the agent's peak RSS grew by {grown / MB:.0f} MB for an empty answer"
 
 
+def test_values_that_escape_to_six_bytes_a_character_are_counted_as_written(certs, node_db):
+    """A value of control characters is six bytes a character as JSON (\\u0001): before, it was counted at
+    its length and escaped whole before the cap was looked at (two such queries took an agent from 29 MB
+    to 943 MB). Now a row is measured as written before it is kept: 16 M control characters under the
+    64 MiB cap do not fit (96 MB as JSON) and cost no more than their value; one of 100 k that fits
+    arrives exact."""
+    controls = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 4) "
+                "SELECT x, replace(hex(zeroblob({n})), '0', char(1)) FROM c")
+    with Serve(node_db, certs.server(ADDRESS)) as agent:
+        conn = _connect(agent.port, certs.client())
+        assert _query(conn, "SELECT count(*) FROM events")[0] == 200
+        baseline = agent.status("VmHWM")
+        for _ in range(2):
+            code, _, answer = _query(conn, controls.format(n=8_000_000), limit=100)
+            assert code == 200 and answer["rows"] == [] and answer["truncated_reason"] == "bytes", answer
+        grown = agent.status("VmHWM") - baseline
+        code, _, small = _query(conn, controls.format(n=50_000), limit=100)
+        conn.close()
+    assert grown < 110 * MB, f"the agent's peak RSS grew by {grown / MB:.0f} MB for answers of no rows"
+    assert code == 200 and [len(r[1]) for r in small["rows"]] == [100_000] * 4
+    assert set(small["rows"][0][1]) == {"\x01"}
+
+
 def test_readers_that_stall_hold_at_most_the_servers_answer_memory(certs, node_db):
     """Four readers (two clients, two queries each) ask for huge rows and stop reading: each answer
     holds at most its next part, and all of them together at most --max-inflight-bytes; the health
@@ -571,3 +594,22 @@ def test_the_agents_unit_caps_its_memory_and_is_the_oom_killers_first_choice(tmp
     out, unit = _render_unit(tmp_path, "-e", "straggler_agent_memory_max='2 GB'")
     assert out.returncode != 0 and not unit.exists()
     assert "straggler_agent_memory_max \"2 GB\": give bytes" in out.stdout + out.stderr
+
+
+def test_a_row_of_many_small_escaped_strings_is_measured_before_it_is_made():
+    """Strings under a slice each, 1,500 of them of control characters: 150 MB as JSON under a 64 MiB budget.
+    Before, each was escaped before the row was known not to fit (64 MB made, then refused); now what may be
+    made before the check is bounded, and a row that fits is still exact."""
+    import tracemalloc
+    from straggler.api.answer import encode_row, json_size
+    row = ["\x01" * 16383] * 1500
+    tracemalloc.start()
+    try:
+        refused = encode_row(row, budget=64 * MB)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert refused is None and peak < 2 * MB, f"peak {peak:,} bytes for a row refused"
+    fits = ["x\x01😀" * 300] * 400
+    made = b"".join(encode_row(fits, budget=64 * MB))
+    assert json.loads(made) == fits and len(made) == 1 + len(fits) + sum(map(json_size, fits))

@@ -38,6 +38,18 @@ def _assert_shown_as_text(output):
         assert raw not in output, f"{raw!r} reached the terminal raw"
 
 
+def _assert_markdown_shown_as_text(markdown):
+    """Markdown escapes its own punctuation (`[` is written `\\[`: tests/test_render_escaping.py): what
+    it shows once rendered holds SHOWN, and its source holds nothing raw."""
+    from markdown_it import MarkdownIt
+    tokens = MarkdownIt("commonmark").enable("table").parse(markdown)
+    shown = "\n".join("".join(c.content for c in t.children if c.type in ("text", "text_special"))
+                      for t in tokens if t.type == "inline")
+    _assert_shown_as_text(shown + "\n" + "\n".join(t.content for t in tokens if t.type == "fence"))
+    for raw in RAW:
+        assert raw not in markdown, f"{raw!r} reached the Markdown raw"
+
+
 def _run(*args, timeout=60):
     proc = subprocess.run([sys.executable, "-m", "straggler.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=str(REPO))
@@ -122,7 +134,7 @@ def test_explain_prints_a_hostile_cpu_thief_in_its_findings_as_text(tmp_path):
     assert proc.returncode == 0, proc.stderr
     _assert_shown_as_text(proc.stdout)
     assert f"who held it (run-queue wait grown over the baseline): {SHOWN} (pid" in proc.stdout
-    _assert_shown_as_text((tmp_path / "r.md").read_text())
+    _assert_markdown_shown_as_text((tmp_path / "r.md").read_text())
     junit = (tmp_path / "r.xml").read_text()
     _assert_shown_as_text(junit)
     import xml.etree.ElementTree as ET
@@ -163,7 +175,7 @@ def test_tables_csv_markdown_and_the_verdict_show_hostile_text_as_text():
     _assert_shown_as_text(render.table_text(["comm", HOSTILE], [[HOSTILE, 1]], title=HOSTILE))
     _assert_shown_as_text(render._plain_table(["comm"], [[HOSTILE]], title=HOSTILE))
     _assert_shown_as_text(render.to_csv(["comm"], [[HOSTILE]]))
-    _assert_shown_as_text(render.to_markdown(["comm"], [[HOSTILE]]))
+    _assert_markdown_shown_as_text(render.to_markdown(["comm"], [[HOSTILE]]))
     line = verdict_line("gpu-node-02", "cpu", 0.9, f"who held it: {HOSTILE}\nstraggler: none")
     assert line == f"straggler: gpu-node-02: cpu (90% of its excess): who held it: {SHOWN}\\nstraggler: none"
 
@@ -196,5 +208,5 @@ def test_the_markdown_report_and_junit_of_a_report_are_text(tmp_path):
     report = SimpleNamespace(source=str(Path(tmp_path)), straggler="gpu-node-01", stragglers=["gpu-node-01"],
                              episodes=[], findings=[finding], nodes=[dict(node="gpu-node-01", rank=0)],
                              missing=[dict(node="gpu-node-02", status="timeout", message=HOSTILE)], elapsed_s=0.1)
-    _assert_shown_as_text(to_markdown(report))
+    _assert_markdown_shown_as_text(to_markdown(report))
     _assert_shown_as_text(to_junit(report))

@@ -214,3 +214,24 @@ def test_snapshot_cli_writes_the_copy(tmp_path):
     assert out.returncode == 0, out.stderr
     conn = sqlite3.connect(str(tmp_path / "copy.db"))
     assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == 18
+
+
+@pytest.fixture
+def starved_watchdog(monkeypatch):
+    """A watchdog whose thread never gets the CPU (two busy cores can do that for a while)."""
+    from straggler.store import query, watchdog
+    starved = watchdog.Watchdog()
+    monkeypatch.setattr(starved, "_ensure_thread", lambda: None)
+    monkeypatch.setattr(query, "WATCHDOG", starved)
+    return starved
+
+
+def test_a_deadline_is_kept_when_the_watchdog_thread_never_runs(node_db, starved_watchdog):
+    """The deadline does not depend on the watchdog thread being scheduled in time: a deadline
+    already past before SQLite starts, or passed while the statement runs, stops the query."""
+    with pytest.raises(QueryTimeout, match="time limit of 0 s"):
+        run_query(str(node_db), "SELECT count(*) FROM events", timeout_s=0)
+    with pytest.raises(QueryTimeout, match="time limit"):
+        run_query(str(node_db), "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
+                                "SELECT count(*) FROM c", timeout_s=0.2)
+    assert run_query(str(node_db), "SELECT count(*) FROM events", timeout_s=5).rows

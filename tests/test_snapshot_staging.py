@@ -133,3 +133,26 @@ def test_a_third_staged_copy_is_refused_with_429_and_one_line_until_one_is_fetch
     status, body = _get_snapshot(handle, context)
     assert status == 200 and body.startswith(b"SQLite format 3\x00") and len(body) > PAD_MB << 20
     _wait_for(lambda: not _staged(stage), "the served copy removed")
+
+
+def test_head_on_the_snapshot_route_answers_its_headers_without_staging_a_copy(agent, monkeypatch):
+    """HEAD costs what headers cost: before, it staged a whole copy of the store (and sent none of it)."""
+    handle, context, stage = agent
+    copies = []
+    real = snapmod.snapshot
+    monkeypatch.setattr(snapmod, "snapshot", lambda *a, **kw: copies.append(a) or real(*a, **kw))
+    for _ in range(MAX_STAGED_COPIES + 2):        # more than could ever be staged at once
+        conn = http.client.HTTPSConnection(ADDRESS, handle.port, context=context, timeout=60)
+        try:
+            conn.request("HEAD", "/api/v1/snapshot")
+            response = conn.getresponse()
+            assert response.status == 200 and response.read() == b""
+            assert response.getheader("Content-Type") == "application/vnd.sqlite3"
+            assert response.getheader("Content-Length") is None
+            assert "gpu-node-01.db" in response.getheader("Content-Disposition")
+        finally:
+            conn.close()
+        assert _staged(stage) == []
+    assert copies == []
+    status, body = _get_snapshot(handle, context)
+    assert status == 200 and body.startswith(b"SQLite format 3\x00") and len(copies) == 1

@@ -66,6 +66,18 @@ def test_a_short_gap_does_not_end_an_alarm_a_long_one_does():
     assert feed_verdicts(t, seq) == [(1, "onset", "a", "io-self"), (7, "recovered", "a", "io-self")]
 
 
+def test_no_recovery_while_the_episode_may_still_resume():
+    """explain ends a run at the newest data at its first quiet bin; while a resumption would still be the
+    same episode (may_resume) the fault has not ended, whatever the number of quiet polls."""
+    t = watch.Tracker(confirm=2, clear=3)
+    quiet = watch.LiveVerdict(may_resume=frozenset({"a"}))
+    seq = [V("a", "cpu-contention")] * 2 + [quiet] * 6 + [V("a", "cpu-contention")] + [quiet] * 2 + [V()]
+    assert feed_verdicts(t, seq) == [(1, "onset", "a", "cpu-contention"), (11, "recovered", "a", "cpu-contention")]
+    t = watch.Tracker(confirm=2, clear=3, hold=8)     # an edge that stays open holds it a bounded time
+    assert feed_verdicts(t, [V("a", "cpu-contention")] * 2 + [quiet] * 10) == [
+        (1, "onset", "a", "cpu-contention"), (9, "recovered", "a", "cpu-contention")]
+
+
 def test_a_cause_change_is_reported_once_it_holds():
     t = watch.Tracker(confirm=2, clear=3)
     seq = [V("a", "io-self")] * 2 + [V("a", "cpu-contention")] + [V("a", "io-self")] + [V("a", "cpu-contention")] * 2
@@ -90,12 +102,19 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_a_dead_agent_is_reported_and_the_watch_goes_on_with_the_others(tmp_path):
-    # the hog starts late in the synthetic job: the watch's window holds it, its baseline mostly does not
+def late_hog_nodes(tmp_path):
+    """A synthetic job of 4 nodes whose hog starts late on gpu-node-02, its times moved to now (the watch's
+    window holds the hog, its baseline mostly does not)."""
     facts = synth.write_nodes(str(tmp_path), synth.SynthSpec(scenario="cpu_hog", events=EVENTS, straggler=1,
                                                              interference_start=0.7))
     for f in facts["files"]:
         synth.shift_to_now(f["path"])
+    return facts
+
+
+def test_a_dead_agent_is_reported_and_the_watch_goes_on_with_the_others(tmp_path):
+    # the hog starts late in the synthetic job: the watch's window holds it, its baseline mostly does not
+    facts = late_hog_nodes(tmp_path)
     tls = TLSOptions(no_tls=True)
     files = facts["files"]
     handles = [start_background(f["path"], node=f["node"], listen="127.0.0.1:0", tls=tls) for f in files[:3]]
@@ -130,6 +149,28 @@ def test_a_dead_agent_is_reported_and_the_watch_goes_on_with_the_others(tmp_path
     assert code == 0 and events[-1]["event"] == "end"
 
 
+def test_two_agents_answering_as_one_node_are_both_refused_and_the_watch_goes_on(tmp_path):
+    """The identity rule of every path (fleet.combine): two addresses naming one node are each reported
+    (lost, wrong-node, one line) and their rows left out; the straggler is named from the others."""
+    facts = late_hog_nodes(tmp_path)
+    tls = TLSOptions(no_tls=True)
+    files = facts["files"]
+    names = [f["node"] for f in files]
+    names[3] = names[2]                              # the fourth agent answers as the third's node
+    handles = [start_background(f["path"], node=name, listen="127.0.0.1:0", tls=tls) for f, name in zip(files, names)]
+    try:
+        nodes = [f"127.0.0.1:{h.port}" for h in handles]
+        code, events = watch.watch(nodes, tls, interval_s=0.5, window_s=5, timeout_s=8)
+    finally:
+        for h in handles:
+            h.stop()
+    lost = [e for e in events if e["event"] == "lost"]
+    assert sorted(e["address"] for e in lost) == sorted(nodes[2:]), events
+    assert all(e["status"] == "wrong-node" and "all answered as node " + names[2] in e["message"] for e in lost), lost
+    assert ("onset", "gpu-node-02") in [(e["event"], e.get("node")) for e in events], events
+    assert code == 0
+
+
 def test_a_job_that_has_ended_raises_no_alarm(tmp_path):
     """The stores of a finished job (their newest summaries minutes old on the node's clock) hold a
     straggler (the same job that raises an alarm when it runs now, above), but a live watch judges
@@ -158,10 +199,7 @@ def test_cli_until_straggler_exits_1_and_exec_gets_the_finding(tmp_path):
     events a node records reach the watch, even though their
     longer interval is written after the summaries the watch already has (and comes once)."""
     import sqlite3
-    facts = synth.write_nodes(str(tmp_path), synth.SynthSpec(scenario="cpu_hog", events=EVENTS, straggler=1,
-                                                             interference_start=0.7))
-    for f in facts["files"]:
-        synth.shift_to_now(f["path"])
+    facts = late_hog_nodes(tmp_path)
     tls = TLSOptions(no_tls=True)
     handles = [start_background(f["path"], node=f["node"], listen="127.0.0.1:0", tls=tls) for f in facts["files"]]
     hook = tmp_path / "hook.out"
@@ -315,6 +353,42 @@ def test_plain_metrics_port_is_loopback_only_unless_told(tls_agent, tmp_path):
     server.server_close()
 
 
+def test_plain_metrics_port_holds_a_bounded_number_of_connections_each_for_a_bounded_time(tls_agent, monkeypatch):
+    """Idle clients past the cap get a 503 at once (no thread each); the ones held are cut at their
+    deadline, and a scrape is served again after it."""
+    import threading
+    monkeypatch.setattr(metrics, "PLAIN_CONNECTION_S", 2.0)
+    server, _ = metrics.start_plain_server(tls_agent.db, "n", "127.0.0.1:0")
+    port = server.server_address[1]
+    idle = []
+    try:
+        threads_before = threading.active_count()
+        for _ in range(metrics.PLAIN_MAX_CONNECTIONS):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        time.sleep(0.5)
+        extra = []
+        for _ in range(20):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            extra.append(sock.recv(4096))
+            sock.close()
+        assert all(answer.startswith(b"HTTP/1.1 503") for answer in extra), extra[:2]
+        assert b"too many connections" in extra[0]
+        assert threading.active_count() <= threads_before + 2 * metrics.PLAIN_MAX_CONNECTIONS
+        for sock in idle:                                   # cut at their deadline: the server closed them
+            sock.settimeout(10)
+            assert sock.recv(1) == b""
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/metrics")
+        response = conn.getresponse()
+        assert response.status == 200 and b"straggler_rank_wait_ratio" in response.read()
+        conn.close()
+    finally:
+        for sock in idle:
+            sock.close()
+        server.shutdown()
+        server.server_close()
+
+
 # The real case (a synchronous job on the test bed, real eBPF agents serving mutual TLS, a CPU hog
 # at T) is in tests/test_diagnosis.py, which shares its agents.
 
@@ -326,10 +400,7 @@ def test_the_watch_serves_the_episode_going_on_as_prometheus_metrics(tmp_path):
     import time
     import urllib.request
     from prometheus_client.parser import text_string_to_metric_families
-    facts = synth.write_nodes(str(tmp_path), synth.SynthSpec(scenario="cpu_hog", events=EVENTS, straggler=1,
-                                                             interference_start=0.7))
-    for f in facts["files"]:
-        synth.shift_to_now(f["path"])
+    facts = late_hog_nodes(tmp_path)
     tls = TLSOptions(no_tls=True)
     handles = [start_background(f["path"], node=f["node"], listen="127.0.0.1:0", tls=tls) for f in facts["files"]]
     port = _free_port()
@@ -362,3 +433,55 @@ def test_the_watch_serves_the_episode_going_on_as_prometheus_metrics(tmp_path):
     refused = subprocess.run([STRAGGLER, "watch", "--nodes", "127.0.0.1:1", "--no-tls", "--metrics-listen",
                               "0.0.0.0:9", "--timeout", "1"], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "loopback only" in refused.stderr and refused.stderr.count("\n") == 1
+
+
+def test_the_time_an_episode_cost_is_in_its_recovery_and_in_the_watchs_metrics():
+    from prometheus_client.core import CollectorRegistry
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    from straggler.render.events import format_event
+    from straggler.render.watch_metrics import WatchCollector, WatchState
+    t = watch.Tracker(confirm=2, clear=3)
+    state = WatchState()
+    going = [watch.LiveVerdict(straggler="a", cause="cpu-contention", rank=0, step_moved_s=3.0, lost_s=s)
+             for s in (1.0, 2.5, 4.0)]
+    events = []
+    for i, v in enumerate(going + [V()] * 3):
+        for e in t.verdict(v, now_mono_ns=(i + 1) * 10**9):
+            events.append(e)
+            state.on_event(e)
+        state.on_tick(v, [])
+        if i == 2:
+            families = _families(generate_latest(_registry(WatchCollector(state), CollectorRegistry)).decode(),
+                                 text_string_to_metric_families)
+            assert families["straggler_episode_time_lost_seconds"] == [({"node": "a"}, 4.0)]
+    recovered = next(e for e in events if e["event"] == "recovered")
+    assert recovered["lost_s"] == 4.0 and "the job lost 4 s to it" in format_event(dict(recovered, time=""))
+    families = _families(generate_latest(_registry(WatchCollector(state), CollectorRegistry)).decode(),
+                         text_string_to_metric_families)
+    assert families["straggler_episode_time_lost_seconds"] == []
+    assert families["straggler_episodes_time_lost_seconds"] == [({}, 4.0)]
+
+
+def _registry(collector, CollectorRegistry):
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return registry
+
+
+def _families(body, parse):
+    return {f.name: [(s.labels, s.value) for s in f.samples if not s.name.endswith("_created")] for f in parse(body)}
+
+
+def test_a_live_answer_with_a_row_the_watch_cannot_key_is_refused_not_a_crash():
+    """A node sending a summary whose ts is text (or a row of the wrong length) made the watch's poller thread
+    die and its main loop stop with a traceback; the live feed now refuses such an answer (sql-error)."""
+    from straggler.fleet.client import _NodeFailure
+    from straggler.fleet.live import checked_live
+    cols = {"thread_time": ["node", "ts", "interval_ns", "pid", "tid", "calls"]}
+    good = {"columns": cols, "thread_time": [["n", 1, 1000, 7, 7, 3]]}
+    checked_live("10.0.0.9:7433", good)
+    for row in (["n", "x", 1000, 7, 7, 3], ["n", 1, 1000, 7, 7], ["n", 1, 1000, True, 7, 3]):
+        with pytest.raises(_NodeFailure) as refused:
+            checked_live("10.0.0.9:7433", {"columns": cols, "thread_time": [row]})
+        assert refused.value.status == "sql-error" and "malformed thread_time row" in refused.value.message

@@ -197,8 +197,76 @@ def _ca_is_valid(cert, key):
     return basic.ca and _not_after(cert) - _now() > datetime.timedelta(days=RENEW_BEFORE_DAYS)
 
 
+def _pair_of(pem_text):
+    """(certificate, private key) from PEM text holding both (in any order, other blocks ignored); either
+    None when it is missing or unreadable (an encrypted key included)."""
+    x509, _, serialization = _crypto()[:3]
+    pems = {m.group(1): m.group(0) for m in re.finditer(r"-----BEGIN ([A-Z ]+)-----.*?-----END \1-----",
+                                                         pem_text or "", re.S)}
+    cert_pem = pems.get("CERTIFICATE")
+    key_pem = next((text for kind, text in pems.items() if kind.endswith("PRIVATE KEY")), None)
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem.encode()) if cert_pem else None
+    except ValueError:
+        cert = None
+    try:
+        key = serialization.load_pem_private_key(key_pem.encode(), password=None) if key_pem else None
+    except (ValueError, TypeError):
+        key = None
+    return cert, key
+
+
+def check_ca(pem_text):
+    """Whether PEM text holding a CA certificate and its private key is a usable fleet CA (the pair
+    matches, the certificate is a CA's, it does not expire within RENEW_BEFORE_DAYS), without writing
+    anything: a brought CA is checked before it replaces one. -> {"ok", "reason", "subject", "not_after"}."""
+    x509 = _crypto()[0]
+    out = {"ok": False, "reason": None, "subject": None, "not_after": None}
+    cert, key = _pair_of(pem_text)
+    if cert is None or key is None:
+        return dict(out, reason="not a PEM certificate and its unencrypted private key")
+    out.update(subject=cert.subject.rfc4514_string(), not_after=_not_after(cert).isoformat())
+    if not _same_public_key(cert, key):
+        return dict(out, reason="the key does not belong to the certificate")
+    if not isinstance(key, _crypto()[3].EllipticCurvePrivateKey):
+        # the fleet's certificates are checked as ECDSA signatures (_signed_by): with another key every
+        # certificate would look foreign, be issued again on every run and its agent restarted
+        return dict(out, reason="the CA's key is not an elliptic-curve key (the fleet CA signs with ECDSA; make one "
+                                "with `straggler pki init`)")
+    try:
+        is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except x509.ExtensionNotFound:
+        is_ca = False
+    if not is_ca:
+        return dict(out, reason="the certificate is not a CA's (no basicConstraints CA:TRUE)")
+    left = _not_after(cert) - _now()
+    if left <= datetime.timedelta(days=RENEW_BEFORE_DAYS):
+        return dict(out, reason=(f"it expired on {_not_after(cert).date()}" if left.total_seconds() <= 0 else
+                                 f"it expires on {_not_after(cert).date()}, within {RENEW_BEFORE_DAYS} days"))
+    return dict(out, ok=True, reason="a usable CA")
+
+
+def _backup(directory, names):
+    """Copy DIR/NAME for each of `names` that exists into DIR/backup/<UTC time>/ (0700; keys 0600) before
+    they are replaced; returns that directory, or None when there was nothing to keep."""
+    present = [n for n in names if os.path.exists(os.path.join(directory, n))]
+    if not present:
+        return None
+    top = os.path.join(directory, "backup")
+    os.makedirs(top, mode=DIR_MODE, exist_ok=True)
+    os.chmod(top, DIR_MODE)
+    # the time, and a suffix of its own: two replacements in one second keep both
+    target = tempfile.mkdtemp(prefix=datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ-"), dir=top)
+    for name in present:
+        with open(os.path.join(directory, name), "rb") as fh:
+            data = fh.read()
+        _write_atomic(os.path.join(target, name), data, KEY_MODE if name.endswith(".key") else 0o644)
+    return target
+
+
 def init_ca(directory, common_name="straggler fleet CA", force=False):
-    """Create DIR/ca.crt and DIR/ca.key (0600) unless a valid CA is there. Returns a summary dict."""
+    """Create DIR/ca.crt and DIR/ca.key (0600) unless a valid CA is there. A CA, CRL or key it replaces
+    is kept first under DIR/backup/<UTC time>/ (the summary's "backup"). Returns a summary dict."""
     x509, hashes, _, _, _, NameOID = _crypto()
     _ensure_dir(directory)
     fixed = secure_modes(directory)
@@ -210,7 +278,9 @@ def init_ca(directory, common_name="straggler fleet CA", force=False):
                 "ca_key": key_path, "crl": crl["crl"], "not_after": _not_after(cert).isoformat(),
                 "subject": cert.subject.rfc4514_string(), "modes_fixed": fixed}
     # missing, broken, not a CA, or close to expiry: a new CA (every certificate must then be reissued,
-    # which `issue` does by itself: it checks the signature against the current CA)
+    # which `issue` does by itself: it checks the signature against the current CA); what it replaces is
+    # kept first
+    backup = _backup(directory, ("ca.crt", "ca.key", CRL_FILE_NAME))
     key = _new_key()
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     now = _now()
@@ -230,7 +300,8 @@ def init_ca(directory, common_name="straggler fleet CA", force=False):
     # the old CRL (if any) is the old CA's: start an empty one, signed by this CA
     crl = _ensure_crl(directory, cert, key)
     return {"changed": True, "written": True, "ca_cert": cert_path, "ca_key": key_path, "crl": crl["crl"],
-            "not_after": _not_after(cert).isoformat(), "subject": cert.subject.rfc4514_string(), "modes_fixed": fixed}
+            "not_after": _not_after(cert).isoformat(), "subject": cert.subject.rfc4514_string(), "modes_fixed": fixed,
+            "backup": backup}
 
 
 def _parse_sans(sans):
@@ -433,7 +504,11 @@ def _load_crl(path):
 
 def _crl_of_ca(directory, ca_cert):
     """DIR/crl.pem when it is this CA's (issuer and signature), else None."""
-    crl = _load_crl(_crl_path(directory))
+    return _of_ca(_load_crl(_crl_path(directory)), ca_cert)
+
+
+def _of_ca(crl, ca_cert):
+    """`crl` when this CA issued and signed it, else None."""
     if crl is None or crl.issuer != ca_cert.subject:
         return None
     try:
@@ -536,6 +611,83 @@ def write_crl(directory, force=False):
     summary = _ensure_crl(directory, ca_cert, ca_key, force=force)
     summary.update(changed=summary["changed"] or bool(fixed), written=summary["changed"], modes_fixed=fixed)
     return summary
+
+
+def adopt_crls(directory, candidates):
+    """A revocation is never undone: of DIR's own revocation list and the `candidates` ([(label, path)]:
+    the lists the hosts hold), the one with the highest CRL number signed by DIR's CA wins, written as
+    DIR/crl.pem byte for byte (the hosts that hold it then see no change). Lists of another CA, or
+    unreadable, are left out and named. Two lists of this CA with serials the winner lacks (two
+    controllers that revoked apart from one another) are joined: every serial either revoked, re-signed
+    with the next number. Never an older list than DIR's own.
+    -> {"changed", "crl", "crl_number", "adopted_from" (a label, or None), "joined", "behind": [labels
+    whose list differs from the result: they get it when the role installs it], "foreign": [labels],
+    "revoked_serials", "next_update", "modes_fixed"}."""
+    fixed = secure_modes(directory)
+    ca_cert, ca_key = _load_ca(directory)
+    own = _crl_of_ca(directory, ca_cert)
+    found, foreign = [], []
+    for label, path in candidates:
+        crl = _of_ca(_load_crl(path), ca_cert)
+        if crl is None:
+            foreign.append(label)
+        else:
+            found.append((label, crl))
+    ranked = ([(None, own)] if own is not None else []) + found
+    adopted_from, joined, changed = None, False, False
+    if ranked:
+        # the highest number wins; on a tie the one that revokes more, then the one most hosts hold (they
+        # see no change), then DIR's own
+        pem_of = {id(crl): crl.public_bytes(_crypto()[2].Encoding.PEM) for _, crl in ranked}
+        held = [pem_of[id(crl)] for _, crl in found]
+        label, best = max(ranked, key=lambda lc: (_crl_number(lc[1]), len(lc[1]), held.count(pem_of[id(lc[1])])))
+        entries = {}
+        for _, crl in ranked:
+            for e in crl:
+                entries.setdefault(e.serial_number, _utc_time(e, "revocation_date"))
+        if set(entries) - {e.serial_number for e in best}:
+            number = max(_crl_number(crl) for _, crl in ranked) + 1
+            _sign_crl(directory, ca_cert, ca_key, entries, number)
+            joined = changed = True
+        elif label is not None and (own is None or pem_of[id(best)] != pem_of[id(own)]):
+            _write_atomic(_crl_path(directory), pem_of[id(best)], 0o644)
+            adopted_from, changed = label, True
+    summary = _ensure_crl(directory, ca_cert, ca_key)        # the certificates in DIR/revoked/, nextUpdate
+    final = _crl_of_ca(directory, ca_cert)
+    pem = final.public_bytes(_crypto()[2].Encoding.PEM)
+    summary.update(changed=changed or summary["changed"] or bool(fixed), written=changed or summary["changed"],
+                   crl_number=_crl_number(final), adopted_from=adopted_from, joined=joined, foreign=foreign,
+                   behind=[label for label, crl in found if crl.public_bytes(_crypto()[2].Encoding.PEM) != pem],
+                   modes_fixed=fixed)
+    return summary
+
+
+def adopt_certificate(directory, name, pem_text):
+    """Keep the certificate and key a host holds (`pem_text`: both PEM blocks) as DIR/NAME.crt and
+    DIR/NAME.key, so that `issue` keeps them and the host sees no change, only when DIR's CA signed the
+    certificate, its serial is not in DIR's revocation list, and the key is its own; otherwise write
+    nothing and say why (`issue` then makes a new one). -> {"changed", "adopted", "reason", "serial"}."""
+    _check_name(name)
+    fixed = secure_modes(directory)
+    ca_cert, _ = _load_ca(directory)
+    summary = {"name": name, "changed": bool(fixed), "adopted": False, "serial": None, "modes_fixed": fixed}
+    cert, key = _pair_of(pem_text)
+    if cert is None or key is None:
+        return dict(summary, reason="not a PEM certificate and its private key")
+    summary["serial"] = _serial_hex(cert.serial_number)
+    if not _signed_by(cert, ca_cert):
+        return dict(summary, reason="not signed by this CA")
+    if cert.serial_number in _revoked_serials(directory, ca_cert):
+        return dict(summary, reason="revoked")
+    if not _same_public_key(cert, key):
+        return dict(summary, reason="the key is not the certificate's")
+    cert_path, key_path = _paths(directory, name)
+    if _load_cert(cert_path) is not None and _cert_pem(_load_cert(cert_path)) == _cert_pem(cert) \
+            and _load_key(key_path) is not None:
+        return dict(summary, reason="already held", adopted=True)
+    _write_atomic(key_path, _key_pem(key), KEY_MODE)
+    _write_atomic(cert_path, _cert_pem(cert), 0o644)
+    return dict(summary, changed=True, adopted=True, reason="signed by this CA, not revoked")
 
 
 def _parse_serial(text):

@@ -14,9 +14,12 @@ It prints a line only when the verdict changes (Tracker):
                 the cause explains, when it began, whether it comes and goes. A rank that was the slowest
                 all along, with no change, is no onset (straggler explain names it)
   cause-change  the same straggler, another cause (CONFIRM_TICKS in a row)
-  recovered     its episode ended (the segmentation closed it: a fault that comes and goes stays one
-                episode through its off-phases) and no other is going, for CLEAR_TICKS polls in a row, or
-                the job's ranks are gone
+  recovered     (with the job's time lost to the episode, as explain measured it at its last poll)
+                its episode ended and no other is going, for CLEAR_TICKS polls in a row, and the
+                segmentation closed it: the bins since hold enough healthy evidence that a resumption would
+                be a new episode (explain's `may_resume`; a fault that comes and goes, or quiets for a few
+                seconds, stays one episode through its off-phases) or HOLD_TICKS polls passed, or the job's
+                ranks are gone
   lost / back   a node stops answering / answers again (the watch goes on with the others)
 The faces (straggler.cli.watch: text lines for people, JSON lines for machines, --exec hooks; the
 Ansible action) render the events; --until-straggler ends the watch with exit status 1 at the first
@@ -32,13 +35,16 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import UsageError
+from ..text import one_line
 from ..fleet.client import ANSWERED
 
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_WINDOW_S = 8.0       # a rank is judged once it has run this long (plus SETTLE_S) ...
 DEFAULT_BASELINE_S = 50.0    # ... and the watch keeps this much history before it (the episodes' clean time)
 CONFIRM_TICKS = 2            # an onset or a cause change must hold this many polls in a row
-CLEAR_TICKS = 3              # recovered after this many polls in a row without a straggler
+CLEAR_TICKS = 3              # recovered after this many polls in a row without a straggler ...
+HOLD_TICKS = 8               # ... once its episode is closed, or after this many however it reads (a rank still a
+                             # little the slowest after its fault ended keeps the segmentation's edge open long)
 STALE_S = 4.0                # a rank whose newest summary is this much older than its node's newest is gone
 SETTLE_S = 10.0              # a rank is judged once it has run the window + this long (a job's start is no onset)
 EXIT_STRAGGLER = 1
@@ -134,14 +140,28 @@ class NodeFeed:
         return [r for k, r in sorted(self.thread_time.items()) if k[1] in live]
 
 
+def refuse_shared_names(feeds, refused):
+    """Feeds whose agents answered as one node (fleet.combine's identity rule): each is refused
+    (wrong-node, one line) and its rows are left out of the verdict, for the rest of the watch
+    (`refused`: address -> the message, kept between polls; which of them is the node cannot be told)."""
+    from ..fleet.combine import shared_name_message, shared_names
+    claims = [(feed.address, feed.node) for feed in feeds if feed.node]
+    for node, addresses in shared_names(claims).items():
+        for address in addresses:
+            refused.setdefault(address, shared_name_message(node, addresses))
+    for feed in feeds:
+        if feed.address in refused:
+            feed.status, feed.message = "wrong-node", refused[feed.address]
+
+
 def build_store(feeds, min_span_ns=0):
     """One in-memory store with the agents' schema, holding every answering node's recent rows (of
-    the ranks that have run min_span_ns)."""
+    the ranks that have run min_span_ns); a feed refused for its identity holds none."""
     from ..store import schema
     conn = sqlite3.connect(":memory:")
     schema.create(conn)
     for feed in feeds:
-        if feed.columns is None or feed.node is None:
+        if feed.columns is None or feed.node is None or feed.status == "wrong-node":
             continue
         cols = feed.columns
         rows = feed.current_rows(min_span_ns)
@@ -197,7 +217,10 @@ class LiveVerdict:
     step_moved_s: float = None       # seconds since its episode began (None: no clean time before it)
     intermittent: dict = None        # its episode comes and goes: period_s, duty, cycles
     episode_start: str = None        # ISO 8601, UTC, on the fleet timeline
+    lost_s: float = None             # the job's time lost to its episode so far (explain's: its slowdown over
+    slowdown: float = None           # its bins), None when not measured (all along)
     ranks: int = 0
+    may_resume: frozenset = frozenset()   # nodes whose episode ended so lately it may still resume
     report: object = None
 
 
@@ -222,11 +245,12 @@ def evaluate(feeds, window_s, baseline_s, min_gap=None):
 
 def verdict_of(report):
     """The LiveVerdict of an explain report: its costliest episode still going at the newest data."""
-    v = LiveVerdict(report=report, ranks=len(report.nodes))
+    v = LiveVerdict(report=report, ranks=len(report.nodes),
+                    may_resume=frozenset(e["node"] for e in report.episodes if e.get("may_resume")))
     going = [e for e in report.episodes if e.get("ongoing")]
     if not going:
         return v
-    e = max(going, key=lambda x: x["lost_s"])
+    e = max(going, key=lambda x: (x.get("lost_s") is None, x.get("lost_s") or 0.0))     # all along: unmeasured, first
     v.straggler = e["node"]
     lead = next((f for f in e["findings"] if f["cause"] == "straggler"), None)
     ranks = [r for r in e["ranks"] if r.get("node") == e["node"]]
@@ -245,14 +269,15 @@ def verdict_of(report):
     if span.get("start_ns") is not None and e["start_ns"] - span["start_ns"] >= 3 * bin_ns:
         v.step_moved_s = max(0.0, (span["end_ns"] - e["start_ns"]) / 1e9)   # it began after clean time
     v.intermittent, v.episode_start = e.get("intermittent"), e.get("start")
+    v.lost_s, v.slowdown = e.get("lost_s"), e.get("slowdown")
     return v
 
 
 class Tracker:
     """Verdicts in, events out: only when something changes (see the module docstring)."""
 
-    def __init__(self, confirm=CONFIRM_TICKS, clear=CLEAR_TICKS, require_moved=True):
-        self.confirm, self.clear, self.require_moved = confirm, clear, require_moved
+    def __init__(self, confirm=CONFIRM_TICKS, clear=CLEAR_TICKS, require_moved=True, hold=HOLD_TICKS):
+        self.confirm, self.clear, self.require_moved, self.hold = confirm, clear, require_moved, max(hold, clear)
         self.current = None        # the Verdict of the straggler being reported (None: healthy)
         self.onset_mono_ns = None
         self._candidate, self._candidate_n = None, 0     # the name named in the last polls, how many in a row
@@ -304,7 +329,8 @@ class Tracker:
             return events
         self._clear_n += 1
         switch = name is not None and self._candidate_n >= self.confirm and self._moved(v)
-        if self._clear_n >= self.clear or switch:
+        closed = self.current.straggler not in v.may_resume or self._clear_n >= self.hold
+        if (self._clear_n >= self.clear and closed) or switch:
             events.append(self._recovered(now, "another rank is the straggler now" if switch
                                           else "its straggle episode ended"))
             self.current = None
@@ -324,14 +350,14 @@ class Tracker:
 
     def _recovered(self, now, reason):
         return dict(event="recovered", node=self.current.straggler, rank=self.current.rank, cause=self.current.cause,
-                    lasted_s=round((now - self.onset_mono_ns) / 1e9, 1), reason=reason)
+                    lasted_s=round((now - self.onset_mono_ns) / 1e9, 1), lost_s=self.current.lost_s, reason=reason)
 
 
 def _finding_event(kind, v):
     return dict(event=kind, node=v.straggler, rank=v.rank, pid=v.pid, cause=v.cause, share=v.share,
                 wait_pct=v.wait_pct, others_wait_pct=v.others_wait_pct, step_moved_s=(
                     None if v.step_moved_s is None else round(v.step_moved_s, 1)), summary=v.summary,
-                intermittent=v.intermittent, episode_start=v.episode_start)
+                intermittent=v.intermittent, episode_start=v.episode_start, lost_s=v.lost_s, slowdown=v.slowdown)
 
 
 # ---------------------------------------------------------------- the loop
@@ -350,7 +376,10 @@ class _Poller(threading.Thread):
             started = time.monotonic()
             status, answer, sample = self.live.get(self.feed.since_ns)
             with self.lock:
-                self.feed.apply(status, answer, sample, self.horizon_ns)
+                try:
+                    self.feed.apply(status, answer, sample, self.horizon_ns)
+                except Exception as exc:    # (the live feed checks what the watch keys on): never stop polling
+                    self.feed.status, self.feed.message = "sql-error", f"{self.feed.address}: {one_line(exc)}"
                 self.polls += 1
             self.stop.wait(max(0.05, self.interval_s - (time.monotonic() - started)))
         self.live.close()
@@ -373,6 +402,7 @@ def watch(nodes, tls, interval_s=DEFAULT_INTERVAL_S, window_s=DEFAULT_WINDOW_S, 
     request_timeout_s = request_timeout_s or max(2.0, 3 * interval_s)
     feeds = [NodeFeed(address=a) for a in addresses]
     tracker = Tracker()
+    identity_refused = {}      # address -> why its answers are refused (refuse_shared_names)
     events = []
     started = time.monotonic()
 
@@ -404,6 +434,7 @@ def watch(nodes, tls, interval_s=DEFAULT_INTERVAL_S, window_s=DEFAULT_WINDOW_S, 
             with lock:
                 if any(p.polls == 0 for p in pollers) and time.monotonic() - started < request_timeout_s + interval_s:
                     continue   # the first answers are still coming
+                refuse_shared_names(feeds, identity_refused)
                 for e in tracker.nodes(feeds):
                     emit(e)
                 ever_answered = ever_answered or any(f.status in ANSWERED for f in feeds)

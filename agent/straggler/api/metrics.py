@@ -336,13 +336,18 @@ def render(db_path, node, window_s=DEFAULT_WINDOW_S, at_ns=None, timeout_s=DEFAU
 
 DEFAULT_METRICS_LISTEN = defaults.METRICS_LISTEN
 DEFAULT_METRICS_PORT = parse_listen(DEFAULT_METRICS_LISTEN, 0).port   # for an ADDR given without one
+PLAIN_MAX_CONNECTIONS = 8         # the plain port's connections at once (a thread each); past them: a 503, closed
+PLAIN_CONNECTION_S = 15.0         # a connection's whole life there (a scrape takes well under a second)
+PLAIN_READ_TIMEOUT_S = 5.0        # each read on it
 
 
 def start_plain_server(db_path, node, listen=DEFAULT_METRICS_LISTEN, any_address=False, window_s=DEFAULT_WINDOW_S):
     """Serve GET /metrics (only) over plain HTTP in a background thread; returns (server, thread).
 
     Loopback only unless any_address: the metrics name processes and hosts, and this port has no
-    TLS; a remote Prometheus scrapes the API port's /metrics with a client certificate instead."""
+    TLS; a remote Prometheus scrapes the API port's /metrics with a client certificate instead.
+    Bounded: at most PLAIN_MAX_CONNECTIONS at once (the next is answered 503 and closed), each cut
+    after PLAIN_CONNECTION_S whatever it does (an idle or dribbling client holds no thread for long)."""
     import logging
     import socket
     import threading
@@ -358,7 +363,7 @@ def start_plain_server(db_path, node, listen=DEFAULT_METRICS_LISTEN, any_address
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
-        timeout = 10
+        timeout = PLAIN_READ_TIMEOUT_S
 
         def log_message(self, fmt, *args):
             log.debug("%s %s", self.address_string(), fmt % args)
@@ -377,11 +382,46 @@ def start_plain_server(db_path, node, listen=DEFAULT_METRICS_LISTEN, any_address
             self.end_headers()
             self.wfile.write(body)
 
+    def cut(sock):
+        try:
+            sock.shutdown(socket.SHUT_RDWR)      # its handler's read ends; the thread closes it
+        except OSError:
+            pass
+
     class Server(ThreadingHTTPServer):
         daemon_threads = True
         allow_reuse_address = True
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        slots = None
 
+        def process_request(self, request, client_address):
+            if not self.slots.acquire(blocking=False):
+                try:
+                    request.settimeout(1.0)
+                    body = f"too many connections to the metrics port (at most {PLAIN_MAX_CONNECTIONS})\n".encode()
+                    request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                                    b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+                except OSError:
+                    pass
+                self.shutdown_request(request)
+                return
+            try:
+                super().process_request(request, client_address)
+            except BaseException:
+                self.slots.release()
+                raise
+
+        def process_request_thread(self, request, client_address):
+            timer = threading.Timer(PLAIN_CONNECTION_S, cut, (request,))
+            timer.daemon = True
+            timer.start()
+            try:
+                super().process_request_thread(request, client_address)
+            finally:
+                timer.cancel()
+                self.slots.release()
+
+    Server.slots = threading.BoundedSemaphore(PLAIN_MAX_CONNECTIONS)
     try:
         server = Server((host, port), Handler)
     except OSError as exc:

@@ -42,11 +42,12 @@ from typing import NamedTuple, Optional
 from .. import __version__
 from ..clock import read_clock_pair
 from ..errors import StragglerError
-from ..store.query import (AnswerMemoryFull, DatabaseUnavailable, JsonAnswer, QueryError, ReadQuery,
+from ..store.query import (DatabaseUnavailable, QueryError, ReadQuery,
                            defensive_mode, reading, value_limit)
 from ..store.snapshot import StagingFull
 from ..text import one_line
 from ..tls import ROLE_QUERY, ROLE_SNAPSHOT
+from .answer import AnswerMemoryFull, JsonAnswer
 from .transport import Answer, BadRequest
 
 log = logging.getLogger("straggler.api")
@@ -58,6 +59,7 @@ MAX_QUERY_SECONDS = 30.0
 DEFAULT_QUERY_SECONDS = 10.0
 DEFAULT_LIMIT = 10000
 SNAPSHOT_TIMEOUT_S = 120.0
+SNAPSHOT_TYPE = "application/vnd.sqlite3"
 CLOCK_PAIRS_DEFAULT = 16
 CLOCK_PAIRS_MAX = 1000
 STREAM_AFTER_BYTES = 256 << 10      # a query answer up to this is sent whole, with its length
@@ -305,6 +307,9 @@ class App:
 
     def snapshot(self, request):
         from ..store.snapshot import snapshot, stage_dir
+        headers = [("Content-Disposition", f'attachment; filename="{self.node}.db"')]
+        if request.method == "HEAD":      # the headers a GET sends, without staging a copy of the store to
+            return Answer(200, content_type=SNAPSHOT_TYPE, headers=headers, length_unknown=True)   # measure it
         work_dir = stage_dir(self.snapshot_dir)
         try:
             out_path = os.path.join(work_dir, "snapshot.db")
@@ -312,8 +317,7 @@ class App:
         except BaseException:
             shutil.rmtree(work_dir, ignore_errors=True)
             raise
-        return Answer(200, content_type="application/vnd.sqlite3", path=out_path, size=summary["bytes"],
-                      headers=[("Content-Disposition", f'attachment; filename="{self.node}.db"')],
+        return Answer(200, content_type=SNAPSHOT_TYPE, path=out_path, size=summary["bytes"], headers=headers,
                       cleanup=lambda: shutil.rmtree(work_dir, ignore_errors=True))
 
 

@@ -77,8 +77,9 @@ class Answer:
     answer will not be finished). `sent(n)` is also called for the first chunks, `cleanup` at the end."""
 
     def __init__(self, code, chunks=(), content_type="application/json", headers=(), path=None, size=None,
-                 cleanup=None, stream=None, on_sent=None):
+                 cleanup=None, stream=None, on_sent=None, length_unknown=False):
         self.code = code
+        self.length_unknown = length_unknown     # headers only (HEAD): no Content-Length to promise
         self.chunks = list(chunks)
         self.content_type = content_type
         self.headers = list(headers)
@@ -349,7 +350,8 @@ async def send_refusal(conn, answer, node):
 def answer_head(answer, node, close=False, chunked=False):
     """The status line and headers of an answer (bytes, ending with the blank line). A streamed
     answer has no length: chunked, or (HTTP/1.0) until the connection closes."""
-    length = ["Transfer-Encoding: chunked"] if chunked else [] if answer.stream is not None else [
+    length = ["Transfer-Encoding: chunked"] if chunked else [] if (answer.stream is not None
+                                                                   or answer.length_unknown) else [
         f"Content-Length: {answer.size}"]
     head = [f"HTTP/1.1 {answer.code} {REASONS.get(answer.code, 'Error')}",
             f"Content-Type: {answer.content_type}", *length,

@@ -10,8 +10,8 @@ import json
 import sys
 
 from .. import render
-from ..fleet.client import (DEFAULT_OFFSET_THRESHOLD_MS, DEFAULT_PORT, EXIT_ALL_ANSWERED, EXIT_NONE_ANSWERED,
-                            EXIT_PARTIAL, fleet_query, parse_nodes)
+from ..fleet.client import (DEFAULT_MAX_ANSWER_BYTES, DEFAULT_MAX_ROW_BYTES, DEFAULT_OFFSET_THRESHOLD_MS, DEFAULT_PORT,
+                            EXIT_ALL_ANSWERED, EXIT_NONE_ANSWERED, EXIT_PARTIAL, fleet_query, parse_nodes)
 from ..text import safe_text
 from .common import add_tls_arguments, tls_options
 
@@ -35,7 +35,14 @@ def add_arguments(parser):
     fmt = q.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print columns, rows, node statuses and offsets as JSON")
     fmt.add_argument("--csv", action="store_true", help="print the rows as CSV (node statuses go to stderr)")
-    q.add_argument("--limit", type=int, default=10000, help="at most N rows per node (default 10000)")
+    q.add_argument("--limit", type=int, default=10000,
+                   help="at most N rows per node (default 10000); a node that sends more is refused (oversized)")
+    q.add_argument("--max-answer-bytes", type=int, default=DEFAULT_MAX_ANSWER_BYTES, metavar="BYTES",
+                   help=f"read at most this much of a node's rows (default {DEFAULT_MAX_ANSWER_BYTES}, the agent's own "
+                        f"cap), less when --limit rows of --max-row-bytes take less, plus 1 MiB for the rest of its "
+                        f"answer; a node that sends more is refused (oversized)")
+    q.add_argument("--max-row-bytes", type=int, default=DEFAULT_MAX_ROW_BYTES, metavar="BYTES",
+                   help=f"the largest row taken from a node, as JSON (default {DEFAULT_MAX_ROW_BYTES})")
     q.add_argument("--timeout", type=float, default=5.0, help="seconds per node (default 5)")
     q.add_argument("--deadline", type=float, default=15.0, help="seconds for the whole call (default 15)")
     q.add_argument("--concurrency", type=int, default=32, help="nodes queried at once (default 32)")
@@ -100,7 +107,8 @@ def run(args):
     try:
         result = fleet_query(nodes, args.sql, tls, limit=args.limit, timeout_s=args.timeout, deadline_s=args.deadline,
                              concurrency=args.concurrency, clock_samples=args.clock_samples,
-                             offset_threshold_ms=args.offset_threshold_ms, on_progress=progress)
+                             offset_threshold_ms=args.offset_threshold_ms, on_progress=progress,
+                             max_answer_bytes=args.max_answer_bytes, max_row_bytes=args.max_row_bytes)
     finally:
         if progress:
             progress.clear()

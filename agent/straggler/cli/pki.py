@@ -4,7 +4,11 @@ people or JSON with 'changed' for programs (the Ansible pki role reads it).
 This module must hold no certificate logic (pki.py does)."""
 import json
 
-from ..pki import DEFAULT_CLIENT_ROLES, PKIError, init_ca, issue, revoke, write_crl
+import os
+import sys
+
+from ..pki import (DEFAULT_CLIENT_ROLES, PKIError, adopt_certificate, adopt_crls, check_ca, init_ca, issue, revoke,
+                   write_crl)
 from ..tls import ROLES
 
 
@@ -39,7 +43,20 @@ def add_arguments(parser):
     p_crl = sub.add_parser("crl", help="(re)write DIR/crl.pem, the CA's revocation list, when missing or near nextUpdate")
     p_crl.add_argument("--dir", required=True, help="directory holding ca.crt and ca.key")
     p_crl.add_argument("--force", action="store_true", help="re-sign even if the current CRL is fine")
+    p_crl.add_argument("--adopt", action="append", default=[], metavar="FILE",
+                       help="a revocation list a host holds (repeatable): the one of this CA with the highest CRL "
+                            "number wins (DIR's own included); lists that revoke serials it lacks are joined; an "
+                            "older one is never adopted")
+    p_crl.add_argument("--adopt-dir", metavar="DIR", help="every *.pem in DIR as --adopt (named by file name)")
     p_crl.add_argument("--json", action="store_true", help="print a JSON summary with 'changed'")
+    p_check = sub.add_parser("check-ca", help="check a CA certificate and its key (PEM on stdin) before it is brought: "
+                                              "the pair matches, a CA's, not expiring; writes nothing")
+    p_check.add_argument("--json", action="store_true", help="print a JSON summary with 'ok' and 'reason'")
+    p_adopt = sub.add_parser("adopt", help="keep the certificate and key a host holds (PEM on stdin) as DIR/NAME.crt "
+                                           "and .key, only when this CA signed it and it is not revoked")
+    p_adopt.add_argument("--dir", required=True, help="directory holding ca.crt, ca.key and crl.pem")
+    p_adopt.add_argument("--name", required=True, help="the certificate's name (the node name)")
+    p_adopt.add_argument("--json", action="store_true", help="print a JSON summary with 'changed'")
 
 
 def _verb(summary):
@@ -65,8 +82,10 @@ def _modes_lines(summary):
 
 def _run_init(args):
     summary = init_ca(args.dir, common_name=args.name, force=args.force)
-    return summary, _modes_lines(summary) + [f"{_verb(summary)}: CA {summary['ca_cert']}, valid until "
-                                             f"{summary['not_after']}"]
+    lines = _modes_lines(summary) + [f"{_verb(summary)}: CA {summary['ca_cert']}, valid until {summary['not_after']}"]
+    if summary.get("backup"):
+        lines.append(f"kept what it replaced in {summary['backup']}")
+    return summary, lines
 
 
 def _run_issue(args):
@@ -97,13 +116,48 @@ def _run_revoke(args):
 
 
 def _run_crl(args):
+    candidates = [(os.path.basename(p).rsplit(".", 1)[0], p) for p in args.adopt]
+    if args.adopt_dir:
+        try:
+            names = sorted(f for f in os.listdir(args.adopt_dir) if f.endswith(".pem"))
+        except OSError as e:
+            raise PKIError(f"cannot read --adopt-dir {args.adopt_dir}: {e.strerror}") from None
+        candidates += [(f[:-4], os.path.join(args.adopt_dir, f)) for f in names]
+    if args.adopt or args.adopt_dir:
+        if args.force:
+            raise PKIError("--force re-signs DIR's own list: give it without --adopt/--adopt-dir")
+        summary = adopt_crls(args.dir, candidates)
+        lines = _modes_lines(summary) + [
+            f"{_verb(summary)}: CRL {summary['crl']} number {summary['crl_number']} "
+            f"({len(summary['revoked_serials'])} revoked)"
+            + (f", adopted from {summary['adopted_from']}" if summary["adopted_from"] else "")
+            + (", joined from lists that revoked apart" if summary["joined"] else "")]
+        if summary["behind"]:
+            lines.append(f"older or different lists (they get this one when installed): {', '.join(summary['behind'])}")
+        if summary["foreign"]:
+            lines.append(f"not this CA's or unreadable, left out: {', '.join(summary['foreign'])}")
+        return summary, lines
     summary = write_crl(args.dir, force=args.force)
     return summary, _modes_lines(summary) + [f"{_verb(summary)}: CRL {summary['crl']} "
                                              f"({len(summary['revoked_serials'])} revoked), valid until "
                                              f"{summary['next_update']}"]
 
 
-ACTIONS = {"init": _run_init, "issue": _run_issue, "revoke": _run_revoke, "crl": _run_crl}
+def _run_adopt(args):
+    summary = adopt_certificate(args.dir, args.name, sys.stdin.read(1 << 20))
+    verb = "adopted" if summary["changed"] else ("kept" if summary["adopted"] else "not adopted")
+    return summary, _modes_lines(summary) + [f"{verb}: {args.name} ({summary['reason']})"]
+
+
+def _run_check_ca(args):
+    summary = check_ca(sys.stdin.read(1 << 20))
+    summary["changed"] = False
+    if not summary["ok"] and not args.json:
+        raise PKIError(f"not a usable CA: {summary['reason']}")
+    return summary, [f"usable CA: {summary['subject']}, valid until {summary['not_after']}"]
+
+
+ACTIONS = {"check-ca": _run_check_ca, "init": _run_init, "issue": _run_issue, "revoke": _run_revoke, "crl": _run_crl, "adopt": _run_adopt}
 
 
 def run(args):

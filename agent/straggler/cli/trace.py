@@ -42,6 +42,9 @@ def add_arguments(parser):
     parser.add_argument("--scope", choices=["host", "netns"], default=defaults.scope,
                         help="host: every process (default); netns: only processes in the agent's network namespace")
     parser.add_argument("--record-all", action="store_true", help="a row for every call (see below)")
+    parser.add_argument("--no-collective-rows", dest="collective_rows", action="store_false",
+                        help="no row for every collective call (by default each one gets a row, so that explain can "
+                             "line up the ranks step by step: the time the job loses to imbalance that moves)")
     parser.add_argument("--sample", type=int, default=defaults.sample, metavar="N",
                         help=f"also record a random 1 in N of the other calls (default {defaults.sample}; 0: none)")
     parser.add_argument("--slow-factor", type=float, default=defaults.slow_factor, metavar="F",
@@ -82,7 +85,7 @@ def agent_options(args):
         node=args.node, db=args.db,
         duration_s=parse_duration(args.duration, "--duration") if args.duration is not None else None,
         pids=list(args.pid), comms=list(args.comm), cuda_libs=list(args.cuda_lib), scope=args.scope,
-        record_all=args.record_all, sample=args.sample, slow_factor=args.slow_factor,
+        record_all=args.record_all, collective_rows=args.collective_rows, sample=args.sample, slow_factor=args.slow_factor,
         slow_floor_us=args.slow_floor_us, interval_s=args.interval, summary_interval_s=args.summary_interval,
         rescan_s=args.rescan, max_db_bytes=parse_size(args.max_db),
         max_age_s=parse_duration(args.max_age, "--max-age") if args.max_age is not None else None,

@@ -4,12 +4,22 @@ with the node's own name on every row, a status for every node, and each node's 
 - Concurrent and bounded: at most `concurrency` queries in flight, each node under `timeout_s`,
   the whole call under `deadline_s` (honoured even for a peer that accepts and never answers:
   the caller never waits on a stuck worker; workers are daemon threads with socket timeouts).
+- Bounded in memory too: a node is asked for `limit` rows and the client never takes more. It
+  reads each answer in pieces and decodes it row by row (_BoundedJson), and stops reading, closes
+  that connection and refuses the node's answer (status `oversized`) at the first row past the
+  limit, at the first byte past the answer's byte cap (1 MiB + min(max_answer_bytes, limit x
+  (max_row_bytes + 1)); an announced Content-Length over it is refused unread), or at a row over
+  max_row_bytes. A row is a list of scalars; the answer's other fields share 1 MiB. What one
+  node's answer can cost is set by these caps, whatever the node sends; the other nodes' answers
+  are kept. The watch's feed (fleet/live.py) and the clock requests are bounded the same way.
 - Statuses: ok | empty | sql-error | tls-error | forbidden | refused | timeout | truncated |
-  unreachable | wrong-node, each with a one-line message and the latency. Nodes that did not answer stay in the
-  result. `forbidden`: the certificate lacks the route's role (403). `truncated`: the answer ended
-  short of its Content-Length (the agent cut a reader that was too slow); `timeout`: no answer, or
-  an answer that stalled, within the time limit. An answer capped by the agent (rows or bytes) is
-  `ok` with truncated=True and says which cap.
+  oversized | unreachable | wrong-node, each with a one-line message and the latency. Nodes that
+  did not answer stay in the result. `forbidden`: the certificate lacks the route's role (403).
+  `truncated`: the answer ended short of its Content-Length (the agent cut a reader that was too
+  slow); `timeout`: no answer, or an answer that stalled, within the time limit; `oversized`: the
+  node sent more than it was asked for (rows past the limit, bytes past the cap), its answer
+  refused. An answer capped by the agent (rows or bytes) is `ok` with truncated=True and says
+  which cap.
 - A node cannot answer as another (`wrong-node`, its rows dropped, one line saying why): each
   answer must name its node (a node name by straggler.text.node_name_problem), the node expected
   at that address when the caller knows it (`expected_nodes`, e.g. from the inventory); every row
@@ -27,38 +37,58 @@ with the node's own name on every row, a status for every node, and each node's 
   of a good clock is not flagged, a clock that is off is.
 - Exit codes: 0 every node answered (ok or empty), 3 some did not, 4 none did.
 
+A node's query gives its status and, beside it, its table (_query_node -> (NodeStatus, table or
+None)); the status object carries no rows. The watch's live feed is fleet/live.py (LiveFeed, still
+importable from here).
+
 This module talks to agents and combines their answers by the one rule in fleet/combine.py (the
 same as the collection's aggregate); it must not judge SQL (the agents do, with
 store/query.py) and must not render anything (cli/fleet.py does).
 """
+import codecs
 import errno
 import http.client
 import json
 import queue
+import re
 import socket
 import ssl
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from ..clock import estimate_offset
-from ..errors import StragglerError
+from ..errors import StragglerError, UsageError
 from ..text import node_name_problem, one_line
 from ..tls import TLSOptions, client_context
-from .combine import combine_answers, foreign_node
+from .combine import combine_answers, identity_problem, shared_name_message, shared_names, shown as _shown
 # Node addresses (the one rule for an inventory host's agent address) live in fleet/inventory.py;
 # these names stay importable from here.
 from .inventory import DEFAULT_PORT, agent_address, normalize_address, parse_nodes, split_address  # noqa: F401
 
-STATUSES = ("ok", "empty", "sql-error", "tls-error", "forbidden", "refused", "timeout", "truncated", "unreachable",
-            "wrong-node")
+STATUSES = ("ok", "empty", "sql-error", "tls-error", "forbidden", "refused", "timeout", "truncated", "oversized",
+            "unreachable", "wrong-node")
 ANSWERED = ("ok", "empty")
 EXIT_ALL_ANSWERED = 0
 EXIT_PARTIAL = 3
 EXIT_NONE_ANSWERED = 4
 DEFAULT_OFFSET_THRESHOLD_MS = 5.0
-_MAX_RESPONSE_BYTES = 512 << 20
+DEFAULT_LIMIT = 10000
+# What one node's answer may be, whatever the node sends (see the module docstring). The cap on an
+# answer's rows is the agent's own default cap (api/routes.py MAX_ANSWER_BYTES): an honest agent
+# never sends more rows' bytes than that, plus its answer's few other fields.
+DEFAULT_MAX_ANSWER_BYTES = 64 << 20
+DEFAULT_MAX_ROW_BYTES = 64 << 10        # one row as JSON
+HEAD_BYTES = 1 << 20                    # an answer's fields other than its rows, all together
+MAX_COLUMNS = 2000                      # SQLite's own column limit (SQLITE_MAX_COLUMN)
+MAX_FIELDS = 64                         # fields of an answer object (the agent's have a dozen at most)
+CLOCK_MAX_BYTES = 1 << 20               # a clock answer (?pairs=0: a few dozen bytes)
+READ_PIECE = 64 << 10                   # bytes read from a socket at a time
+DECODED_PER_BYTE = 3                    # an answer's rows as Python holds them: at most this times its byte cap
+ANSWER_DEADLINE_FACTOR = 3              # a whole answer within this many times the per-read timeout ...
+MIN_ANSWER_RATE = 1 << 20               # ... plus the time its bytes take at this rate (the agent's own floor)
 
 
 def offset_is_flagged(offset_ns, uncertainty_ns, threshold_ns):
@@ -202,14 +232,14 @@ def _tls_message(address, exc):
     return f"TLS with {address} failed: {text}"
 
 
-def _request(conn, method, path, body=None, plain=False):
-    """Send one request and read the whole answer -> (status_code, body bytes)."""
+def _send(conn, method, path, body=None, plain=False):
+    """Send one request -> the response, its body not read yet (_BoundedJson reads it)."""
     headers = {"Host": conn.address, "Accept": "application/json"}
     if body is not None:
         headers["Content-Type"] = "application/json"
     try:
         conn.request(method, path, body=body, headers=headers)
-        response = conn.getresponse()
+        return conn.getresponse()
     except _NodeFailure:
         raise
     except (socket.timeout, TimeoutError):
@@ -231,108 +261,331 @@ def _request(conn, method, path, body=None, plain=False):
                                             f"pass --ca/--cert/--key") from None
         raise _NodeFailure("tls-error", f"{conn.address} closed the connection without an answer "
                                         f"({one_line(exc)}): did it refuse this client's certificate?") from None
+    except http.client.HTTPException as exc:    # a status line or headers over http.client's own limits
+        raise _NodeFailure("sql-error", f"{conn.address} answered with a malformed HTTP head ({one_line(exc, 120)}); "
+                                        f"is it a straggler agent?") from None
     except OSError as exc:
         raise _NodeFailure("unreachable", f"{conn.address}: {one_line(exc)}") from None
-    data = _read_answer(conn, response)
-    if len(data) > _MAX_RESPONSE_BYTES:
-        raise _NodeFailure("sql-error", f"{conn.address} answered with more than {_MAX_RESPONSE_BYTES} bytes; "
-                                        f"lower --limit")
-    return response.status, data
 
 
-def _read_answer(conn, response):
-    """The answer's body, read whole: an answer cut short of its Content-Length, or a streamed
-    (chunked) one that ends before its last chunk, is "truncated", one that stalls is "timeout"
-    (never a certificate problem: the request was already answered)."""
-    expected = (response.getheader("Content-Length") or "").strip()
-    try:
-        data = response.read(_MAX_RESPONSE_BYTES + 1)
-    except http.client.IncompleteRead as exc:
-        if not expected.isdigit():
-            raise _NodeFailure("truncated", f"{conn.address} ended its streamed answer after {len(exc.partial)} "
-                                            f"bytes, before its end (an agent cuts an answer its reader does not "
-                                            f"take in time): retry, or ask for less (--limit, fewer columns)") from None
-        data = exc.partial
-    except (socket.timeout, TimeoutError):
-        raise _NodeFailure("timeout", f"{conn.address} started its answer ({expected or '?'} bytes) but did not "
-                                      f"finish it within {conn.timeout:g} s; raise --timeout or ask for less") from None
-    except (ssl.SSLError, ConnectionError, OSError) as exc:
-        raise _NodeFailure("truncated", f"{conn.address} ended the connection in the middle of its answer "
-                                        f"({one_line(exc)}); retry") from None
-    # read(amt) returns what came before the connection ended, without a word: compare the length
-    if expected.isdigit() and len(data) < int(expected):
-        raise _NodeFailure("truncated", f"{conn.address} ended its answer after {len(data)} of {expected} bytes "
-                                        f"(an agent cuts an answer its reader does not take in time): retry, "
-                                        f"or ask for less (--limit, fewer columns)")
-    return data
+def _request(conn, method, path, caps, body=None, plain=False, expected_node=None):
+    """Send one request and read its JSON answer within `caps` -> (status code, answer)."""
+    response = _send(conn, method, path, body=body, plain=plain)
+    return response.status, _BoundedJson(conn, response, caps, expected_node).read()
 
 
-def _decode(conn, data):
-    try:
-        return json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise _NodeFailure("sql-error", f"{conn.address} answered with something that is not JSON "
-                                        f"({data[:60]!r}); is it a straggler agent?") from None
+@dataclass(frozen=True)
+class AnswerCaps:
+    """What the client takes of one answer at most: max_bytes of body; in each array field named
+    in `arrays` ((field, max rows), ...) at most that many rows, each a list of at most MAX_COLUMNS
+    scalars and max_row_bytes of JSON; max_head_bytes of JSON for all the other fields together
+    (at most MAX_FIELDS of them).
+    `what` names what was asked (for messages: "1,000 rows"), `hint` ends an oversized message."""
+    max_bytes: int
+    max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
+    arrays: Tuple[Tuple[str, int], ...] = ()
+    max_head_bytes: int = HEAD_BYTES
+    what: str = "an answer"
+    hint: str = ""
+    rows_are: str = "allowed"          # "asked for": the rows of the array are the limit the client asked
 
 
-def _shown(value, limit=60):
-    """A value a node sent, for a one-line message: repr (quotes, escapes), shortened."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+def check_caps(max_answer_bytes, max_row_bytes):
+    """UsageError unless both caps are positive whole numbers of bytes."""
+    for name, value in (("--max-answer-bytes", max_answer_bytes), ("--max-row-bytes", max_row_bytes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise UsageError(f"{name} must be a positive number of bytes, not {value!r}")
+
+
+def query_caps(limit, max_answer_bytes=DEFAULT_MAX_ANSWER_BYTES, max_row_bytes=DEFAULT_MAX_ROW_BYTES):
+    """The caps of a query answer of at most `limit` rows: its byte cap is what that many rows of
+    max_row_bytes take, never more than max_answer_bytes (the agent caps its rows' bytes the same
+    way), plus HEAD_BYTES for the answer's other fields."""
+    check_caps(max_answer_bytes, max_row_bytes)
+    limit = max(0, int(limit))
+    max_bytes = HEAD_BYTES + min(int(max_answer_bytes), limit * (int(max_row_bytes) + 1))
+    return AnswerCaps(max_bytes=max_bytes, max_row_bytes=int(max_row_bytes), arrays=(("rows", limit),),
+                      what=f"{limit:,} row{'' if limit == 1 else 's'}", rows_are="asked for",
+                      hint="; if this node is trusted, raise --max-answer-bytes / --max-row-bytes")
+
+
+CLOCK_CAPS = AnswerCaps(max_bytes=CLOCK_MAX_BYTES, max_row_bytes=CLOCK_MAX_BYTES, max_head_bytes=CLOCK_MAX_BYTES,
+                        what="a clock answer")
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+
+def _no_constant(name):
+    """NaN and Infinity are no JSON (Python's decoder takes them): an answer holding one is refused."""
+    raise ValueError(f"{name} is not JSON")
+
+
+class _BoundedJson:
+    """One answer's JSON object, read from the response in pieces and decoded value by value,
+    rows one at a time: never more than the caps (AnswerCaps) read or held, whatever the node
+    sends. read() -> the object; _NodeFailure oversized (the node sent more than was asked: the
+    caller closes the connection, nothing more is read), truncated (the answer ended before its
+    end), timeout (it stalled), sql-error (not JSON, or not a table's shape)."""
+
+    def __init__(self, conn, response, caps: AnswerCaps, expected_node=None):
+        self.address = conn.address
+        self.expected_node = expected_node
+        self.timeout = conn.timeout
+        self.response = response
+        self.caps = caps
+        length = (response.getheader("Content-Length") or "").strip()
+        self.expected = int(length) if length.isascii() and length.isdigit() else None
+        self.received = 0
+        self.ended = False
+        self.first = b""                 # the answer's first bytes, for a "not JSON" message
+        self.text, self.pos = "", 0
+        self.utf8 = codecs.getincrementaldecoder("utf-8")()
+        self.decode = json.JSONDecoder(parse_constant=_no_constant).raw_decode   # NaN/Infinity: not JSON
+        self.head_left = caps.max_head_bytes
+        # what the rows take decoded, as Python holds them (a two-character string is 5 bytes sent, about 50
+        # held): counted against its own cap, DECODED_PER_BYTE times the bytes allowed
+        self.decoded_left = DECODED_PER_BYTE * caps.max_bytes
+        # the whole answer within a deadline, not only each read: a node dripping a byte just inside the
+        # socket timeout holds no reader for long (an honest big answer gets the time its bytes take)
+        self.started = time.monotonic()
+        self.answer = {}
+        if self.expected is not None and self.expected > caps.max_bytes:
+            raise self._oversized(f"announced an answer of {self.expected:,} bytes, more than the "
+                                  f"{caps.max_bytes:,} bytes allowed for {caps.what}; refused it unread{caps.hint}")
+
+    def deadline_s(self):
+        """The answer's deadline so far: a base, and the time its bytes received take at MIN_ANSWER_RATE."""
+        return ANSWER_DEADLINE_FACTOR * max(1.0, float(self.timeout or 0)) + self.received / MIN_ANSWER_RATE
+
+    # ---- what went wrong, in one line
+
+    def who(self):
+        """The address, and the node its answer names once read (when that is a node name, and the
+        node expected there when the caller knows it)."""
+        node = self.answer.get("node")
+        if node_name_problem(node) is None and self.expected_node in (None, node):
+            return f"{self.address} (node {node})"
+        return self.address
+
+    def _oversized(self, what):
+        return _NodeFailure("oversized", f"{self.who()} {what}")
+
+    def _not_json(self):
+        return _NodeFailure("sql-error", f"{self.address} answered with something that is not JSON "
+                                         f"({self.first[:60]!r}); is it a straggler agent?")
+
+    def _malformed(self, what):
+        return _NodeFailure("sql-error", f"{self.address} answered with a malformed table ({what}); is it a "
+                                         f"straggler agent?")
+
+    # ---- bytes in
+
+    def _more(self, want=READ_PIECE):
+        """Read up to `want` more bytes into the text (never past max_bytes + 1 in all); False at the end."""
+        if self.ended:
+            return False
+        room = self.caps.max_bytes + 1 - self.received
+        if time.monotonic() > self.started + self.deadline_s():
+            raise _NodeFailure("timeout", f"{self.address} did not finish its answer within "
+                                          f"{self.deadline_s():g} s ({self.received:,} bytes so far); raise --timeout "
+                                          f"or ask for less")
+        try:
+            data = self.response.read1(max(1, min(int(want), room)))
+        except http.client.IncompleteRead as exc:
+            if self.expected is None:
+                raise _NodeFailure("truncated", f"{self.address} ended its streamed answer after "
+                                                f"{self.received + len(exc.partial)} bytes, before its end (an agent "
+                                                f"cuts an answer its reader does not take in time): retry, or ask "
+                                                f"for less (--limit, fewer columns)") from None
+            data = exc.partial
+        except (socket.timeout, TimeoutError):
+            raise _NodeFailure("timeout", f"{self.address} started its answer ({self.expected or '?'} bytes) but "
+                                          f"did not finish it within {self.timeout:g} s; raise --timeout or ask for "
+                                          f"less") from None
+        except (ssl.SSLError, ConnectionError, OSError, http.client.HTTPException) as exc:
+            raise _NodeFailure("truncated", f"{self.address} ended the connection in the middle of its answer "
+                                            f"({one_line(exc, 120)}); retry") from None
+        if not data:
+            self.ended = True
+            # read(amt) returns what came before the connection ended, without a word: compare the length
+            if self.expected is not None and self.received < self.expected:
+                raise _NodeFailure("truncated", f"{self.address} ended its answer after {self.received} of "
+                                                f"{self.expected} bytes (an agent cuts an answer its reader does not "
+                                                f"take in time): retry, or ask for less (--limit, fewer columns)")
+            return self._take(b"", final=True)
+        self.received += len(data)
+        if getattr(self.response, "length", None) == 0 and not self.response.isclosed():
+            self.response.read()          # read1 does not close a body read to its length: the connection is reused
+        if self.received > self.caps.max_bytes:
+            raise self._oversized(f"sent more than the {self.caps.max_bytes:,} bytes allowed for {self.caps.what}; "
+                                  f"stopped reading and refused its answer{self.caps.hint}")
+        if len(self.first) < 60:
+            self.first += data[:60 - len(self.first)]
+        return self._take(data)
+
+    def _take(self, data, final=False):
+        try:
+            more = self.utf8.decode(data, final)
+        except UnicodeDecodeError:
+            raise self._not_json() from None
+        if self.pos:
+            self.text, self.pos = self.text[self.pos:], 0
+        self.text += more
+        return bool(more) or not final
+
+    # ---- JSON, a piece at a time
+
+    def _peek(self):
+        """The next character that is not white space (None at the end of the answer)."""
+        while True:
+            self.pos = _SPACE.match(self.text, self.pos).end()
+            if self.pos < len(self.text):
+                return self.text[self.pos]
+            if not self._more():
+                return None
+
+    def _expect(self, allowed):
+        char = self._peek()
+        if char is None or char not in allowed:
+            raise self._not_json()
+        self.pos += 1
+        return char
+
+    def _value(self, cap, what):
+        """The next whole JSON value, of at most `cap` characters (oversized past them)."""
+        if self._peek() is None:
+            raise self._not_json()
+        while True:
+            try:
+                value, end = self.decode(self.text, self.pos)
+            except RecursionError:
+                raise self._not_json() from None
+            except ValueError:
+                if self.ended:
+                    raise self._not_json() from None
+            else:
+                if end - self.pos > cap:
+                    break
+                if end < len(self.text) or self.ended:   # a number at the end of the text may go on
+                    self.pos = end
+                    return value
+            if len(self.text) - self.pos > cap:
+                break
+            self._more(max(READ_PIECE, len(self.text) - self.pos))   # doubling: a long value is decoded O(n)
+        raise self._oversized(f"sent {what} of more than {cap:,} bytes; stopped reading and refused its "
+                              f"answer{self.caps.hint}")
+
+    def _head_value(self, what):
+        """A field name or a value that is not a row: all of them together within max_head_bytes."""
+        start = self.pos
+        value = self._value(self.head_left, what)
+        self.head_left -= self.pos - start
+        return value
+
+    def _rows(self, key, max_rows):
+        """An array of rows, each checked as it comes: at most max_rows (the next one is not read)."""
+        rows = []
+        label = "rows" if key == "rows" else f"{key} rows"
+        self._expect("[")
+        if self._peek() == "]":
+            self.pos += 1
+            return rows
+        while True:
+            if len(rows) >= max_rows:
+                raise self._oversized(f"sent more than the {max_rows:,} {label} {self.caps.rows_are}; stopped "
+                                      f"reading at row {max_rows + 1:,} and refused its answer")
+            row = self._value(self.caps.max_row_bytes, "a row" if key == "rows" else f"a row of {key}")
+            if type(row) is not list or len(row) > MAX_COLUMNS or not set(map(type, row)) <= _SCALARS:
+                raise self._malformed(f"{label}: a row that is not a list of at most {MAX_COLUMNS} values")
+            self.decoded_left -= sys.getsizeof(row) + sum(map(sys.getsizeof, row))
+            if self.decoded_left < 0:
+                raise self._oversized(f"sent rows that take more than {DECODED_PER_BYTE * self.caps.max_bytes:,} "
+                                      f"bytes decoded ({DECODED_PER_BYTE}x the {self.caps.max_bytes:,} bytes allowed for "
+                                      f"{self.caps.what}); stopped reading at row {len(rows) + 1:,} and refused its "
+                                      f"answer{self.caps.hint}")
+            rows.append(row)
+            if self._expect(",]") == "]":
+                return rows
+
+    def read(self):
+        arrays = dict(self.caps.arrays)
+        self._expect("{")
+        if self._peek() == "}":
+            self.pos += 1
+        else:
+            while True:
+                if self._peek() != '"':
+                    raise self._not_json()
+                key = self._head_value("fields besides its rows")
+                if len(self.answer) >= MAX_FIELDS and key not in self.answer:
+                    raise self._oversized(f"sent more than {MAX_FIELDS} fields; stopped reading and refused its "
+                                          f"answer")
+                self._expect(":")
+                if key in arrays and self._peek() == "[":
+                    self.answer[key] = self._rows(key, arrays[key])
+                else:
+                    self.answer[key] = self._head_value(f"fields besides its rows ({_shown(key, 40)}...)")
+                if self._expect(",}") == "}":
+                    break
+        if self._peek() is not None:          # one object, then the end of the answer
+            raise self._not_json()
+        return self.answer
 
 
 def checked_node(address, claimed, expected=None):
-    """The node an answer from `address` names (`claimed`), when it may: a node name, and the
-    `expected` one when the caller knows which node that address is; else _NodeFailure wrong-node."""
-    problem = node_name_problem(claimed)
+    """The node an answer from `address` names (`claimed`), when it may (combine.identity_problem: a
+    node name, and the `expected` one when the caller knows which node that address is); else
+    _NodeFailure wrong-node."""
+    problem = identity_problem(address, claimed, expected)
     if problem:
-        raise _NodeFailure("wrong-node", f"{address} answered as node {_shown(claimed)}, not {problem}; refusing "
-                                         f"its answer")
-    if expected is not None and claimed != expected:
-        raise _NodeFailure("wrong-node", f"{address} answered as node {_shown(claimed)}, but it is {expected}; "
-                                         f"refusing its answer: a node cannot answer as another")
+        raise _NodeFailure("wrong-node", problem)
     return claimed
 
 
 def _checked_table(address, node, answer):
     """(columns, rows) of an answer: a list of column names and a list of rows as long; every value
-    of a `node` column must be `node` (combine.foreign_node)."""
+    of a `node` column must be `node` (combine.identity_problem)."""
     columns, rows = answer.get("columns"), answer.get("rows")
     rows = [] if rows is None else rows
     if (not isinstance(columns, list) or not all(isinstance(c, str) for c in columns) or not isinstance(rows, list)
             or not all(isinstance(r, list) and len(r) == len(columns) for r in rows)):
         raise _NodeFailure("sql-error", f"{address} answered with a malformed table (columns and rows of equal "
                                         f"length expected); is it a straggler agent?")
-    foreign = foreign_node(node, columns, rows)
-    if foreign is not None:
-        raise _NodeFailure("wrong-node", f"{address} (node {node}) answered rows of node {_shown(foreign[0])}; "
-                                         f"refusing its answer: a node cannot answer for another")
+    problem = identity_problem(address, node, None, columns, rows)
+    if problem:
+        raise _NodeFailure("wrong-node", problem)
     return columns, rows
 
 
-def _query_node(address, sql, tls, context, limit, timeout_s, expected_node=None):
+def _query_node(address, sql, tls, context, limit, timeout_s, expected_node=None, caps=None):
+    """(NodeStatus, table) of one node's answer: table is (columns, rows) when it answered (ok or
+    empty), else None. Never more than `caps` (query_caps(limit)) is read of its answer."""
     started = time.monotonic()
     status = NodeStatus(address=address)
+    table = None
+    caps = caps or query_caps(limit)
     conn = _Connection(address, tls, context, timeout_s)
+    reader = None
     try:
         # the agent stops the query a little before we would give up, so the answer says why
         server_timeout = max(0.1, timeout_s * 0.9 - 0.05)
         body = json.dumps({"sql": sql, "limit": limit, "timeout_s": round(server_timeout, 3)}).encode()
-        code, data = _request(conn, "POST", "/api/v1/query", body=body, plain=context is None)
-        answer = _decode(conn, data)
-        if not isinstance(answer, dict):
-            raise _NodeFailure("sql-error", f"{address} answered with JSON that is not an object "
-                                            f"(HTTP {code}); is it a straggler agent?")
+        response = _send(conn, "POST", "/api/v1/query", body=body, plain=context is None)
+        code = response.status
+        reader = _BoundedJson(conn, response, caps, expected_node)
+        answer = reader.read()
         if code == 200 or answer.get("node") is not None:
             status.node = checked_node(address, answer.get("node"), expected_node)
         if code == 200 and "columns" in answer:
-            status.columns, status.rows = _checked_table(address, status.node, answer)
-            status.row_count = len(status.rows)
+            table = _checked_table(address, status.node, answer)
+            rows = table[1]
+            status.row_count = len(rows)
             status.truncated = bool(answer.get("truncated"))
-            status.status = "ok" if status.rows else "empty"
+            status.status = "ok" if rows else "empty"
             status.message = (f"{status.row_count} row{'' if status.row_count == 1 else 's'}"
                               + (_truncation_note(answer) if status.truncated else "")
-                              if status.rows else "no rows")
+                              if rows else "no rows")
         else:
             message, kind = answer.get("error"), answer.get("kind")
             status.status = ("tls-error" if kind in ("tls-required", "plain-http")
@@ -342,15 +595,19 @@ def _query_node(address, sql, tls, context, limit, timeout_s, expected_node=None
         status.status, status.message = failure.status, failure.message
         if failure.status == "wrong-node":
             status.node = None
+        elif failure.status == "oversized" and reader is not None:
+            try:                  # named as its answer named itself, when that may be its name
+                status.node = checked_node(address, reader.answer.get("node"), expected_node)
+            except _NodeFailure:
+                pass
     except Exception as exc:  # never let one node break the call
         status.status, status.message = "unreachable", f"{address}: {one_line(exc)}"
     finally:
-        conn.close()
+        conn.close()         # an oversized answer: nothing more of it is read
     if not status.answered:
-        status.__dict__.pop("rows", None)
-        status.__dict__.pop("columns", None)
+        table = None
     status.latency_ms = round((time.monotonic() - started) * 1000.0, 3)
-    return status
+    return status, table
 
 
 def _truncation_note(answer):
@@ -381,11 +638,10 @@ def _clock_node(address, tls, context, samples, timeout_s, query_running=None):
                                        and query_running is not None and query_running.is_set()
                                        and time.monotonic() < give_up_at):
             t_send = time.time_ns()
-            code, data = _request(conn, "GET", "/api/v1/clock?pairs=0", plain=context is None)
+            code, answer = _request(conn, "GET", "/api/v1/clock?pairs=0", CLOCK_CAPS, plain=context is None)
             t_recv = time.time_ns()
             if code != 200:
                 break
-            answer = _decode(conn, data)
             node = answer.get("node") or node
             taken.append((t_send, int(answer["realtime_ns"]), t_recv))
             best_rtt = t_recv - t_send if best_rtt is None else min(best_rtt, t_recv - t_send)
@@ -435,33 +691,30 @@ def _expected_per_address(addresses, expected_nodes):
     return expected
 
 
-def _refuse_shared_names(ordered):
-    """Two or more addresses that answered as one node: each refused (wrong-node), its rows dropped."""
-    by_node = {}
-    for status in ordered:
-        if status.answered:
-            by_node.setdefault(status.node, []).append(status)
-    for node, holders in by_node.items():
-        if len(holders) < 2:
-            continue
-        addresses = ", ".join(s.address for s in holders)
-        for status in holders:
-            status.status, status.node, status.row_count = "wrong-node", None, 0
-            status.message = (f"{addresses} all answered as node {node}; refusing each: a node cannot answer as "
-                              f"another (give each agent its own --node, or say which node each address is)")
-            status.__dict__.pop("rows", None)
-            status.__dict__.pop("columns", None)
+def _refuse_shared_names(ordered, tables):
+    """Two or more addresses that answered as one node: each refused (wrong-node), its table
+    ({index in ordered: (columns, rows)}) dropped."""
+    answered = [(index, status) for index, status in enumerate(ordered) if status.answered]
+    for node, holders in shared_names([(index, status.node) for index, status in answered]).items():
+        message = shared_name_message(node, [ordered[index].address for index in holders])
+        for index in holders:
+            status = ordered[index]
+            status.status, status.node, status.row_count, status.message = "wrong-node", None, 0, message
+            tables.pop(index, None)
 
 
-def fleet_query(nodes, sql, tls=None, limit=10000, timeout_s=5.0, deadline_s=15.0, concurrency=32,
+def fleet_query(nodes, sql, tls=None, limit=DEFAULT_LIMIT, timeout_s=5.0, deadline_s=15.0, concurrency=32,
                 clock_samples=5, offset_threshold_ms=DEFAULT_OFFSET_THRESHOLD_MS, on_progress=None,
-                expected_nodes=None) -> FleetResult:
+                expected_nodes=None, max_answer_bytes=DEFAULT_MAX_ANSWER_BYTES,
+                max_row_bytes=DEFAULT_MAX_ROW_BYTES) -> FleetResult:
     """Run `sql` on every node's agent concurrently; see the module docstring.
 
     nodes: 'h:p,…', a file, or a list (see parse_nodes). tls: TLSOptions (default files).
     on_progress(done, total, node_status): called in the caller's thread as each node's query ends.
     expected_nodes: {address: node name}, the node each address is (an inventory host's node name),
     where the caller knows it: an answer naming another node is refused (wrong-node).
+    limit, max_answer_bytes, max_row_bytes: the most taken of a node's answer (query_caps); a node
+    that sends more is `oversized`, its answer refused, the others kept.
     Raises StragglerError only for bad arguments or unusable TLS files; node failures are statuses.
     """
     started = time.monotonic()
@@ -471,6 +724,7 @@ def fleet_query(nodes, sql, tls=None, limit=10000, timeout_s=5.0, deadline_s=15.
     tls = tls or TLSOptions()
     if float(timeout_s) <= 0 or float(deadline_s) <= 0:
         raise StragglerError("--timeout and --deadline must be more than 0 seconds")
+    caps = query_caps(int(limit), max_answer_bytes, max_row_bytes)
     context = None if tls.no_tls else client_context(tls)
     per_node_s = min(float(timeout_s), float(deadline_s))
     results = queue.Queue()
@@ -479,7 +733,7 @@ def fleet_query(nodes, sql, tls=None, limit=10000, timeout_s=5.0, deadline_s=15.
     def query_task(index, address):
         query_running[index].set()
         try:
-            return _query_node(address, sql, tls, context, int(limit), per_node_s, expected.get(address))
+            return _query_node(address, sql, tls, context, int(limit), per_node_s, expected.get(address), caps)
         finally:
             query_running[index].clear()
 
@@ -494,6 +748,7 @@ def fleet_query(nodes, sql, tls=None, limit=10000, timeout_s=5.0, deadline_s=15.
         clock_tasks = []
 
     statuses: Dict[int, NodeStatus] = {}
+    tables: Dict[int, tuple] = {}          # index -> (columns, rows) of a node that answered
     clocks: Dict[int, tuple] = {}
     outstanding = len(query_tasks) + len(clock_tasks)
     while outstanding:
@@ -507,8 +762,11 @@ def fleet_query(nodes, sql, tls=None, limit=10000, timeout_s=5.0, deadline_s=15.
         outstanding -= 1
         if kind == "query":
             if isinstance(value, BaseException):
-                value = NodeStatus(address=addresses[index], status="unreachable", message=one_line(value))
+                value = (NodeStatus(address=addresses[index], status="unreachable", message=one_line(value)), None)
+            value, table = value
             statuses[index] = value
+            if table is not None:
+                tables[index] = table
             if on_progress:
                 try:
                     on_progress(len(statuses), len(addresses), value)
@@ -530,13 +788,23 @@ def fleet_query(nodes, sql, tls=None, limit=10000, timeout_s=5.0, deadline_s=15.
 
     threshold_ns = int(float(offset_threshold_ms) * 1e6)
     ordered = [statuses[i] for i in range(len(addresses))]
-    _refuse_shared_names(ordered)
+    _refuse_shared_names(ordered, tables)
+    # a node whose query failed is named by its clock answers, unless that name is another address's: an
+    # answering node's, or one two failed addresses both give (one node, one address, for offsets too)
+    answered_names = {status.node for status in ordered if status.answered}
+    clock_names = {}
+    for index, status in enumerate(ordered):
+        clock_node = clocks.get(index, (None, []))[0]
+        if status.node is None and clock_node and status.status != "wrong-node":
+            clock_names.setdefault(clock_node, []).append(index)
     offsets = {}
     for index, status in enumerate(ordered):
         clock_node, samples = clocks.get(index, (None, []))
         if status.status == "wrong-node":
             continue                                   # no offset for an address that answers as another
         if status.node is None and clock_node:
+            if clock_node in answered_names or len(clock_names.get(clock_node, ())) > 1:
+                continue                               # another address's name: neither named nor an offset
             try:                                       # a node whose query failed: named by its clock answers
                 status.node = checked_node(status.address, clock_node, expected.get(status.address))
             except _NodeFailure:
@@ -550,26 +818,22 @@ def fleet_query(nodes, sql, tls=None, limit=10000, timeout_s=5.0, deadline_s=15.
                 continue
             status.offset_ns, status.uncertainty_ns = offset_ns, uncertainty_ns
             status.offset_flagged = offset_is_flagged(offset_ns, uncertainty_ns, threshold_ns)
-            offsets[status.node or status.address] = (offset_ns, uncertainty_ns)
+            offsets.setdefault(status.node or status.address, (offset_ns, uncertainty_ns))
 
-    columns, rows = _combine(ordered)
-    for status in ordered:   # the per-node payload is now in the combined table
-        status.__dict__.pop("rows", None)
-        status.__dict__.pop("columns", None)
+    columns, rows = _combine(ordered, tables)
     return FleetResult(columns=columns, rows=rows, nodes=ordered, offsets=offsets, offset_threshold_ns=threshold_ns,
                        elapsed_ms=(time.monotonic() - started) * 1000.0, sql=sql)
 
 
-def _combine(ordered):
+def _combine(ordered, tables):
     """One table from the answering nodes, by the one rule in fleet/combine.py (the union of their
     columns, lined up by name, `node` first unless the SQL selected it); a node whose columns
     differ keeps its rows and says so in its message. Each answering node's name was checked
     (checked_node, _refuse_shared_names): one node, one address."""
-    answering = [status for status in ordered if status.answered]
+    answering = [(index, status) for index, status in enumerate(ordered) if status.answered]
     columns, rows, notes = combine_answers(
-        (status.node, getattr(status, "columns", None) or [], getattr(status, "rows", None) or [])
-        for status in answering)
-    for status, note in zip(answering, notes):
+        (status.node,) + tuple(tables.get(index) or ([], [])) for index, status in answering)
+    for (_, status), note in zip(answering, notes):
         if note:
             status.message += f"; {note}"
     return columns, rows
@@ -577,59 +841,9 @@ def _combine(ordered):
 
 # ---------------------------------------------------------------- live polling (straggler watch)
 
-class LiveFeed:
-    """One agent's GET /api/v1/live, polled on one keep-alive connection (reopened after a failure).
-
-    get(since_ns) -> (NodeStatus, answer dict or None, clock sample (t_send, node_real, t_recv) or None).
-    Never raises for a node's failure: that is the status. Not thread-safe: one poller per feed.
-    The feed's node is `expected_node` when given, else the node its first answer names; an answer
-    naming another node is refused (wrong-node): an address cannot turn into another node mid-watch."""
-
-    def __init__(self, address, tls=None, timeout_s=5.0, context=None, expected_node=None):
-        self.address = address
-        self.node = expected_node
-        self.tls = tls or TLSOptions()
-        self.context = context if context is not None or self.tls.no_tls else client_context(self.tls)
-        self.timeout_s = float(timeout_s)
-        self._conn = None
-
-    def get(self, since_ns=None):
-        started = time.monotonic()
-        status = NodeStatus(address=self.address)
-        answer, sample = None, None
-        path = "/api/v1/live" + (f"?since={int(since_ns)}" if since_ns is not None else "")
-        try:
-            if self._conn is None:
-                self._conn = _Connection(self.address, self.tls, self.context, self.timeout_s)
-            t_send = time.time_ns()
-            code, data = _request(self._conn, "GET", path, plain=self.context is None)
-            t_recv = time.time_ns()
-            answer = _decode(self._conn, data)
-            if code != 200 or not isinstance(answer, dict) or "thread_time" not in answer:
-                message = answer.get("error") if isinstance(answer, dict) else None
-                raise _NodeFailure("sql-error", message or f"HTTP {code} from {self.address} for {path}: "
-                                                           f"an agent older than this watch?")
-            status.node = self.node = checked_node(self.address, answer.get("node"), self.node)
-            status.row_count = len(answer["thread_time"])
-            status.status = "ok" if status.row_count else "empty"
-            status.message = f"{status.row_count} summaries"
-            if answer.get("realtime_ns") is not None:
-                sample = (t_send, int(answer["realtime_ns"]), t_recv)
-        except _NodeFailure as failure:
-            status.status, status.message = failure.status, failure.message
-            answer = None
-            self.close()
-        except Exception as exc:  # never let one node break the watch
-            status.status, status.message = "unreachable", f"{self.address}: {one_line(exc)}"
-            answer = None
-            self.close()
-        status.latency_ms = round((time.monotonic() - started) * 1000.0, 3)
-        return status, answer, sample
-
-    def close(self):
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            except OSError:
-                pass
-            self._conn = None
+def __getattr__(name):
+    """LiveFeed lives in fleet/live.py (it uses this module's transport); still importable from here."""
+    if name == "LiveFeed":
+        from .live import LiveFeed
+        return LiveFeed
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,12 +15,15 @@ The rule (combine_answers):
 - A host whose columns differ from the first answering host's (other names, fewer, more, or
   another order) is kept, not dropped; its note says how ("columns differ: ..."). Hosts with the
   same columns get an empty note.
-- A host answers for itself: a `node` column it returns holds its own name in every row. The
-  caller refuses a host's answer when foreign_node finds another name there (the fleet client:
-  status wrong-node), before combining.
+- A host answers for itself (identity_problem, shared_names: the one identity rule of every path,
+  HTTPS and Ansible's connection alike): the node it names is a node name, the one the caller knows
+  it is when it knows (the certificate's name, the inventory host's node name), a `node` column it
+  returns holds that name in every row, and no two hosts name one node. The caller refuses a host's
+  answer that breaks it (status wrong-node, one line saying why), before combining.
 
-Pure: no I/O, no Ansible, no straggler imports; plain lists in, plain lists out.
+Pure: no I/O, no Ansible; plain lists in, plain lists out.
 """
+from ..text import node_name_problem
 
 NODE_COLUMN = "node"
 
@@ -68,6 +71,43 @@ def foreign_node(name, columns, rows):
         return None
     at = columns.index(NODE_COLUMN)
     return next(((row[at],) for row in rows or [] if at < len(row) and row[at] != name), None)
+
+
+def shown(value, limit=60):
+    """A value a node sent, for a one-line message: repr (quotes, escapes), shortened."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def identity_problem(origin, claimed, expected=None, columns=None, rows=None):
+    """Why an answer that came from `origin` (an address, an inventory host) cannot be taken as node
+    `claimed`'s, as one line; None when it can: `claimed` must be a node name, be `expected` when the
+    caller knows which node `origin` is, and hold every value of the answer's `node` column."""
+    problem = node_name_problem(claimed)
+    if problem:
+        return f"{origin} answered as node {shown(claimed)}, not {problem}; refusing its answer"
+    if expected is not None and claimed != expected:
+        return (f"{origin} answered as node {shown(claimed)}, but it is {expected}; refusing its answer: a node "
+                f"cannot answer as another")
+    foreign = foreign_node(claimed, columns, rows)
+    if foreign is not None:
+        return (f"{origin} (node {claimed}) answered rows of node {shown(foreign[0])}; refusing its answer: a node "
+                f"cannot answer for another")
+    return None
+
+
+def shared_names(claims):
+    """The node names two or more origins answered as: {node: [origin, ...]} from [(origin, node)]
+    (each of them is refused: which one is the node cannot be told)."""
+    by_node = {}
+    for origin, node in claims:
+        by_node.setdefault(node, []).append(origin)
+    return {node: origins for node, origins in by_node.items() if len(origins) > 1}
+
+
+def shared_name_message(node, origins):
+    return (f"{', '.join(str(o) for o in origins)} all answered as node {node}; refusing each: a node cannot answer "
+            f"as another (give each agent its own --node, or say which node each address is)")
 
 
 def combine_answers(answers):

@@ -27,8 +27,9 @@ def _event_lines(e):
         head = "STRAGGLER" if kind == "onset" else f"CAUSE CHANGED (was {e.get('previous_cause')})"
         return [f"{t} {head} {e['node']}{rank}: {e['cause']}{share}{waits}{moved}", e.get("summary", "")]
     if kind == "recovered":
+        lost = f", the job lost {e['lost_s']:g} s to it" if e.get("lost_s") is not None else ""
         return [f"{t} RECOVERED {e['node']}: {e.get('reason') or 'no longer the straggler'} "
-                f"({e.get('cause')} lasted {e['lasted_s']:g} s)"]
+                f"({e.get('cause')} lasted {e['lasted_s']:g} s{lost})"]
     if kind == "lost":
         return [f"{t} LOST {e['node']} ({e['status']}): {e['message']}; watching the others"]
     if kind == "back":

@@ -4,11 +4,11 @@ face prints (the CLI, the Ansible actions, the watch). Rendering only: the repor
 
 The report quotes what the nodes recorded (node names, process names, command lines) in its
 summaries: every line is printed through straggler.text.safe_text (tables through render's
-cells), so none of it can act on a terminal or forge a line."""
-import html
-
+cells), so none of it can act on a terminal or forge a line. The Markdown and the JUnit XML put it
+through their format's one escaping rule (render's md_text, md_cell, md_prose, md_fence, html_text,
+xml_text), so none of it becomes a link, an image, HTML or markup there."""
 from ..text import fmt_bytes, fmt_ns, safe_text
-from . import table_text, to_markdown as table_markdown
+from . import html_text, md_fence, md_prose, md_text, table_text, to_markdown as table_markdown, xml_text
 
 NODE_COLUMNS = ["node", "rank", "thread", "waits", "host", "run queue", "sync", "io", "role"]
 EPISODE_COLUMNS = ["#", "node", "ranks", "start (UTC)", "end", "lasted", "job slower", "time lost", "cause", "pattern"]
@@ -60,6 +60,9 @@ def _ranks_text(e):
 
 
 def _pattern(e):
+    p = e.get("pauses")
+    if p:
+        return f"pauses: {p['count']} of ~{1000 * p['length_s']:.0f} ms, one every {p['period_s']:g} s"
     i = e.get("intermittent")
     if i:
         period = f"period {i['period_s']:g} s, " if i.get("period_s") else ""
@@ -78,19 +81,49 @@ def episode_rows(report):
     for i, e in enumerate(report.episodes, 1):
         day, start = _hms(e["start"])
         _, end = _hms(e["end"])
-        slower = f"×{e['slowdown']:.2f}" + (" (est.)" if e.get("slowdown_estimated") else "")
+        slower, lost = _cost(e)
         rows.append((i, ", ".join(e.get("nodes") or [e["node"]]), _ranks_text(e), f"{day} {start}", end,
-                     f"{e['duration_s']:g} s", slower, f"{e['lost_s']:g} s", _cause_text(e), _pattern(e)))
+                     f"{e['duration_s']:g} s", slower, lost, _cause_text(e), _pattern(e)))
     return rows
+
+
+def _cost(e):
+    """(the job's slowdown, the time lost) of an episode in words: 'all along' and 'not measured' for one
+    there all along (the trace has no clean time to measure it against)."""
+    if e.get("slowdown") is None or e.get("lost_s") is None:
+        return "all along", "not measured"
+    return f"×{e['slowdown']:.2f}" + (" (est.)" if e.get("slowdown_estimated") else ""), f"{e['lost_s']:g} s"
 
 
 def episode_headline(e):
     """One line for an episode: 'gpu-node-02: 00:59:20 → 00:59:34 UTC (14 s), the job ×2.05 slower'."""
     day, start = _hms(e["start"])
     _, end = _hms(e["end"])
-    return (f"{', '.join(e.get('nodes') or [e['node']])}: {day} {start} → {end} UTC ({e['duration_s']:g} s), the job "
-            f"×{e['slowdown']:.2f} slower{' (estimated)' if e.get('slowdown_estimated') else ''}, "
-            f"{e['lost_s']:g} s lost" + (f"; {_pattern(e)}" if e.get("intermittent") else ""))
+    if e.get("slowdown") is None or e.get("lost_s") is None:
+        cost = "slow all along (no clean time in the trace: the job's slowdown not measured)"
+    else:
+        cost = (f"the job ×{e['slowdown']:.2f} slower{' (estimated)' if e.get('slowdown_estimated') else ''}, "
+                f"{e['lost_s']:g} s lost")
+    return (f"{', '.join(e.get('nodes') or [e['node']])}: {day} {start} → {end} UTC ({e['duration_s']:g} s), {cost}"
+            + (f"; {_pattern(e)}" if e.get("intermittent") else ""))
+
+
+def whatif_lines(report):
+    """The report's first lines: the job's time lost at its sync points, split by what lost it (explain's
+    steps.py); one line saying why where it was not measured; none without a what-if."""
+    w = getattr(report, "whatif", None)
+    if not w:
+        return []
+    if not w.get("measured"):
+        return [f"time lost: not measured ({w.get('why')})"]
+    parts = []
+    for p in w.get("parts", []):
+        what = "its pauses" if p["what"] == "pauses" else "its episode" + (" (all along)" if p.get("all_along") else "")
+        parts.append(f"{p['node']} ({what}) {p['lost_s']:g} s")
+    imb = w.get("imbalance") or {}
+    parts.append(f"imbalance and jitter {imb.get('lost_s', 0):g} s")
+    return [f"time lost: {w['lost_s']:g} s of {w['span_s']:g} s ({w['lost_ratio']:.0%}) waiting for the slowest rank at "
+            f"{w['sync_points']:,} sync points — " + ", ".join(parts)]
 
 
 def _fmt_pct(p):
@@ -119,6 +152,8 @@ def to_text(report, show_sql=True, width=None):
     cut = getattr(report, "span", None)
     if cut:
         line(span_text(cut))
+    for text in whatif_lines(report):
+        line(text)
     line()
     if report.episodes:
         span = report.timeline or {}
@@ -157,31 +192,35 @@ def to_text(report, show_sql=True, width=None):
 
 
 def to_markdown(report):
-    out = ["# straggler explain", "", safe_text(f"Source: {report.source}"), "",
-           safe_text(f"**Straggler: {report.straggler}**") if report.straggler else "**No straggler found.**", ""]
+    """The report as Markdown (GitHub's), as a CI job posts it: every text that holds what the nodes
+    recorded through md_text (md_prose for the findings' sentences, which hold `code`), tables through
+    md_cell, the SQL in a fence it cannot close (md_fence) and its name as HTML (html_text)."""
+    out = ["# straggler explain", "", md_text(f"Source: {report.source}"), "",
+           f"**Straggler: {md_text(report.straggler)}**" if report.straggler else "**No straggler found.**", ""]
     cut = getattr(report, "span", None)
     if cut:
-        out += [safe_text("S" + span_text(cut)[1:] + "."), ""]
+        out += [md_text("S" + span_text(cut)[1:] + "."), ""]
+    lost = whatif_lines(report)
+    if lost:
+        out += ["## Time lost", ""] + [md_text(text[0].upper() + text[1:] + ".") for text in lost] + [""]
     if report.episodes:
         out += ["## Straggle episodes", "", "The costliest first; times UTC on the fleet timeline.", "",
                 table_markdown(EPISODE_COLUMNS, episode_rows(report)),
-                safe_text(f"Episode 1: {episode_headline(report.episodes[0])}."), ""]
+                md_text(f"Episode 1: {episode_headline(report.episodes[0])}."), ""]
     for i, f in enumerate(report.findings, 1):
-        out.append(safe_text(f"## {i}. {f.severity.upper()}: {f.cause} — {f.node or 'fleet'}"))
+        out.append(f"## {i}. " + md_text(f"{f.severity.upper()}: {f.cause} — {f.node or 'fleet'}"))
         out.append("")
-        out.append(safe_text(f.summary))
+        out.append(md_prose(f.summary))
         out.append("")
         if f.numbers:
             out.append(table_markdown(["number", "value"], [(k, _fmt_number(k, v)) for k, v in f.numbers.items()]))
         if f.recommendation:
-            out.append(safe_text(f"**Recommendation:** {f.recommendation}"))
+            out.append("**Recommendation:** " + md_prose(f.recommendation))
             out.append("")
         for name, sql in f.sql.items():
-            out.append(f"<details><summary>SQL: {html.escape(safe_text(name))}</summary>")
+            out.append(f"<details><summary>SQL: {html_text(name)}</summary>")
             out.append("")
-            out.append("```sql")
-            out.extend(_lines(sql))
-            out.append("```")
+            out.append(md_fence(sql, "sql"))
             out.append("</details>")
             out.append("")
     if report.nodes:
@@ -191,9 +230,10 @@ def to_markdown(report):
     if report.missing:
         out.append("## Missing nodes")
         out.append("")
-        out.extend(safe_text(f"- {m['node']} ({m['status']}): {m['message']}") for m in report.missing)
+        out.extend("- " + md_text(f"{m['node']} ({m['status']}): {m['message']}") for m in report.missing)
         out.append("")
     return "\n".join(out)
+
 
 def to_junit(report):
     """JUnit XML: one test case per node ("is not the straggler") plus "all nodes answered"."""
@@ -209,31 +249,32 @@ def to_junit(report):
             continue
         seen.add(name)
         episodes = [e for e in report.episodes if name in (e.get("nodes") or [e["node"]])]
-        body = "\n".join(_x(part) for part in [f"episode: {episode_headline(e)}" for e in episodes]
+        body = "\n".join(xml_text(part) for part in [f"episode: {episode_headline(e)}" for e in episodes]
                          + [f"[{f.severity}] {f.summary}" for f in by_node.get(name, [])])
         if name in named:
             main = next((f.summary for f in report.findings if f.cause == "straggler" and f.node == name),
                         None) or (episode_headline(episodes[0]) if episodes else f"{name} is a straggler")
-            cases.append(f'  <testcase classname="straggler.explain" name="{_x(name)} is not the straggler">\n'
-                         f'    <failure message="{_x(main)}" type="straggler">{body}</failure>\n'
+            cases.append(f'  <testcase classname="straggler.explain" name="{xml_text(name)} is not the straggler">\n'
+                         f'    <failure message="{xml_text(main)}" type="straggler">{body}</failure>\n'
                          f'  </testcase>')
         else:
-            cases.append(f'  <testcase classname="straggler.explain" name="{_x(name)} is not the straggler">'
+            cases.append(f'  <testcase classname="straggler.explain" name="{xml_text(name)} is not the straggler">'
                          f'<system-out>{body}</system-out></testcase>')
     for m in report.missing:
-        cases.append(f'  <testcase classname="straggler.explain" name="{_x(m["node"])} answered">\n'
-                     f'    <failure message="{_x(m["node"])} {_x(m["status"])}: {_x(m["message"])}" type="missing"/>\n'
+        cases.append(f'  <testcase classname="straggler.explain" name="{xml_text(m["node"])} answered">\n'
+                     f'    <failure message="{xml_text(m["node"])} {xml_text(m["status"])}: {xml_text(m["message"])}" type="missing"/>\n'
                      f'  </testcase>')
     failures = len(named) + len(report.missing)
+    w = getattr(report, "whatif", None) or {}
+    props = ""
+    if w.get("measured"):
+        values = (("lost_s", w["lost_s"]), ("lost_ratio", w["lost_ratio"]), ("span_s", w["span_s"]),
+                  ("imbalance_lost_s", (w.get("imbalance") or {}).get("lost_s", 0)))
+        props = ("  <properties>\n" + "".join(f'    <property name="{name}" value="{value}"/>\n' for name, value in values)
+                 + "  </properties>\n")
     return ('<?xml version="1.0" encoding="UTF-8"?>\n'
             f'<testsuite name="straggler explain" tests="{len(cases)}" failures="{failures}" errors="0" '
-            f'time="{report.elapsed_s:.3f}">\n' + "\n".join(cases) + "\n</testsuite>\n")
-
-
-def _x(text):
-    """Text for an XML attribute or element: safe_text (XML 1.0 cannot even hold most control
-    characters), then XML-escaped."""
-    return html.escape(safe_text(text), quote=True)
+            f'time="{report.elapsed_s:.3f}">\n' + props + "\n".join(cases) + "\n</testsuite>\n")
 
 
 def _fmt_number(name, value):

@@ -19,6 +19,8 @@ class WatchState:
         self.onsets = 0
         self.nodes = {}              # address -> 1 answering / 0 not
         self.polls = 0
+        self.lost_now = None         # the job's time lost to the episode going on, so far (its last poll)
+        self.lost_ended = 0.0        # ... and to the episodes that ended
 
     def on_event(self, e):
         with self.lock:
@@ -30,7 +32,8 @@ class WatchState:
             elif kind == "cause-change" and self.current is not None:
                 self.current = e
             elif kind == "recovered":
-                self.current, self.started_real = None, None
+                self.current, self.started_real, self.lost_now = None, None, None
+                self.lost_ended += float(e.get("lost_s") or 0.0)
             elif kind == "lost":
                 self.nodes[e.get("address") or e.get("node")] = 0
             elif kind == "back":
@@ -39,6 +42,8 @@ class WatchState:
     def on_tick(self, verdict, feeds):
         with self.lock:
             self.polls += 1
+            if self.current is not None and verdict.straggler == self.current.get("node"):
+                self.lost_now = verdict.lost_s
             for f in feeds:
                 self.nodes.setdefault(f.address, 1)
 
@@ -64,6 +69,7 @@ class WatchCollector:
         with self.state.lock:
             current, started, onsets = self.state.current, self.state.started_real, self.state.onsets
             nodes, polls = dict(self.state.nodes), self.state.polls
+            lost_now, lost_ended = self.state.lost_now, self.state.lost_ended
         going = GaugeMetricFamily("straggler_episode", EPISODE_HELP, labels=["node", "rank", "cause", "intermittent"])
         start = GaugeMetricFamily("straggler_episode_start_timestamp_seconds",
                                   "When the straggle episode going on began (seconds since the epoch)", labels=["node"])
@@ -78,9 +84,19 @@ class WatchCollector:
                 start.add_metric([node], started)
             if current.get("share") is not None:
                 share.add_metric([node], float(current["share"]))
+        lost = GaugeMetricFamily("straggler_episode_time_lost_seconds",
+                                 "The job's time lost to the straggle episode going on, so far (its slowdown over its "
+                                 "time; absent when not measured)", labels=["node"])
+        if current is not None and lost_now is not None:
+            lost.add_metric([str(current.get("node") or "")], float(lost_now))
         yield going
         yield start
         yield share
+        yield lost
+        ended = CounterMetricFamily("straggler_episodes_time_lost_seconds",
+                                    "The job's time lost to the straggle episodes that ended while the watch ran")
+        ended.add_metric([], lost_ended)
+        yield ended
         total = CounterMetricFamily("straggler_episode_onsets", "Straggle episodes the watch has seen begin")
         total.add_metric([], onsets)
         yield total

@@ -14,15 +14,14 @@ Bounded, whatever the SQL:
   - space: the temporary files a query writes (sorts, GROUP BY, DISTINCT) under the watchdog's
     per-query cap, and what SQLite allocates for all queries together under its memory cap; a row
     cap; one value at most the length limit (SQLITE_LIMIT_LENGTH); rows are fetched, encoded and
-    counted against the byte cap one at a time (ReadQuery, JsonAnswer), so an answer never exists
-    twice or whole in memory.
+    counted against the byte cap one at a time (ReadQuery here; the API's JSON encoding of them,
+    api/answer.py, counts what escaping makes before it keeps it), so an answer never exists twice or
+    whole in memory.
 
 This module must not write to a database, must not import the API, the fleet client or the
 analysis, and prints nothing (straggler.cli.query renders a QueryResult).
 """
-import binascii
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -43,7 +42,6 @@ DEFAULT_DB = defaults.DB_PATH
 DEFAULT_LIMIT = 10000
 DEFAULT_TIMEOUT_S = 10.0
 MIN_VALUE_LIMIT = 1 << 20             # SQLITE_LIMIT_LENGTH never below this, whatever the byte cap
-BIG_PIECE = 64 << 10                  # a value encoded alone (no copy into its row's bytes) from this size
 
 # PRAGMAs that only read. Those in the second set take a name/number argument, not a value.
 READ_PRAGMAS = frozenset({
@@ -95,11 +93,6 @@ class QueryOverMemory(QueryError):
 class QueryOverTemp(QueryError):
     """The query wrote more temporary data (sorting, grouping) than the node's cap allows."""
     kind = "temp"
-
-
-class AnswerMemoryFull(QueryError):
-    """The node's memory for answers in flight stayed full: the answer was not made (or was cut)."""
-    kind = "busy"
 
 
 class DatabaseUnavailable(StragglerError):
@@ -314,7 +307,9 @@ class ReadQuery:
             self.conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, int(self.max_value_bytes))
         self.watch = WATCHDOG.watch(self.conn, self.timeout_s, label="query")
         with self._errors():
+            self._in_time()
             self.cursor = self.conn.execute(self.sql, self.params or ())
+            self._in_time()
             if self.cursor.description is None:
                 if self._guard.denied:
                     raise QueryRejected(self._guard.denied)
@@ -336,12 +331,19 @@ class ReadQuery:
         if not self._buffer:
             with self._errors():
                 self._buffer = self.cursor.fetchmany(self.batch) if self.batch > 1 else [self.cursor.fetchone()]
+                self._in_time()
             if not self._buffer or self._buffer[0] is None:
                 self.cursor, self._buffer = None, []
                 return None
             self._buffer.reverse()
         self.taken += 1
         return self._buffer.pop()
+
+    def _in_time(self):
+        """Between two steps: a deadline passed (or a stop the watchdog's interrupt came too early or
+        too late for) ends the query here, whatever the watchdog thread's scheduling."""
+        if self.watch is not None and WATCHDOG.overdue(self.watch) is not None:
+            raise sqlite3.OperationalError("interrupted")
 
     def pause(self):
         if self.watch is not None:
@@ -454,125 +456,6 @@ def lower_bound_json_bytes(row):
         else:
             size += 1
     return size
-
-
-def encode_row(row):
-    """A row as JSON bytes, in pieces: a big BLOB's hex is a piece of its own (never copied again)."""
-    pieces, small = [], [b"["]
-    for index, value in enumerate(row):
-        if index:
-            small.append(b",")
-        if isinstance(value, (bytes, bytearray, memoryview)):
-            if 2 * len(value) >= BIG_PIECE:
-                small.append(b'"')
-                pieces.append(b"".join(small))
-                pieces.append(binascii.hexlify(value))
-                small = [b'"']
-            else:
-                small.append(b'"' + binascii.hexlify(value) + b'"')
-        elif value is None:
-            small.append(b"null")
-        else:
-            small.append(json.dumps(value, default=str).encode())
-    small.append(b"]")
-    pieces.append(b"".join(small))
-    return pieces
-
-
-class JsonAnswer:
-    """A query answer encoded as JSON bytes while the rows are fetched (the API's body), one row at a
-    time: at most max_bytes of rows, and each row counted against the cap before it is encoded
-    (from the fewest bytes it can take), so a node never holds a big answer whole or twice.
-
-    `memory` (optional: reserve(n, wait_s) -> bool, force(n), release(n)): the server's memory for
-    answers in flight; every byte made is reserved there until the sender has written it and
-    released it. add() raises AnswerMemoryFull when no room came within wait_s.
-    The bytes made and not yet handed over: `pieces` (.chunks) and `pending`; take() hands them over
-    with their reservation."""
-
-    def __init__(self, node, max_bytes, memory=None, wait_s=0.0):
-        self.node = node
-        self.max_bytes = int(max_bytes)
-        self.memory = memory
-        self.wait_s = float(wait_s)
-        self.pieces = []
-        self.pending = 0        # bytes in pieces
-        self.held = 0           # bytes reserved in memory (pieces, and those handed over and not released)
-        self.size = 0           # every byte made
-        self.row_count = 0
-        self._rows_bytes = 0
-
-    @property
-    def chunks(self):
-        return self.pieces
-
-    def _append(self, data, reserved=False):
-        if not reserved and self.memory is not None:
-            self.memory.force(len(data))
-            self.held += len(data)
-        self.pieces.append(data)
-        self.pending += len(data)
-        self.size += len(data)
-
-    def start(self, columns):
-        head = json.dumps({"node": self.node, "columns": list(columns)}, separators=(",", ":"))
-        self._append(head[:-1].encode() + b',"rows":[')
-
-    def add(self, row):
-        """Encode a row; False when the byte cap stops it (nothing of it is kept)."""
-        comma = 1 if self.row_count else 0
-        lower = lower_bound_json_bytes(row) + comma
-        if self._rows_bytes + lower > self.max_bytes:
-            return False
-        if self.memory is not None:
-            if not self.memory.reserve(lower, self.wait_s):
-                raise AnswerMemoryFull(f"the node's memory for answers in flight ({fmt_cap(self.memory.capacity)}) "
-                                       f"stayed full for {self.wait_s:g} s; retry in a moment")
-            self.held += lower
-        pieces = encode_row(row)
-        size = sum(len(p) for p in pieces) + comma
-        if self._rows_bytes + size > self.max_bytes:
-            self._release(lower)
-            return False
-        if self.memory is not None and size > lower:
-            self.memory.force(size - lower)
-            self.held += size - lower
-        elif self.memory is not None and size < lower:   # cannot happen (a lower bound); kept exact anyway
-            self._release(lower - size)
-        if comma:
-            pieces[0] = b"," + pieces[0]
-        for piece in pieces:
-            self._append(piece, reserved=True)
-        self._rows_bytes += size
-        self.row_count += 1
-        return True
-
-    def finish(self, result, error=None):
-        """The closing part: truncated, truncated_reason, elapsed_ms (and `error` when the rows were cut by one)."""
-        tail = {"truncated": result.truncated, "elapsed_ms": round(result.elapsed_ms, 3)}
-        if result.truncated_reason:
-            tail["truncated_reason"] = result.truncated_reason
-        if error:
-            tail["error"] = one_line(error)
-        self._append(b"]," + json.dumps(tail, separators=(",", ":"))[1:].encode() + b"\n")
-
-    def take(self):
-        """(pieces, bytes) made since the last take; their reservation goes with them: release it
-        with release(n) once they are written."""
-        pieces, pending = self.pieces, self.pending
-        self.pieces, self.pending = [], 0
-        return pieces, pending
-
-    def release(self, nbytes):
-        self._release(min(nbytes, self.held))
-
-    def release_all(self):
-        self._release(self.held)
-
-    def _release(self, nbytes):
-        if self.memory is not None and nbytes > 0:
-            self.memory.release(nbytes)
-            self.held -= nbytes
 
 
 def run_query(db_path, sql, limit=DEFAULT_LIMIT, timeout_s=DEFAULT_TIMEOUT_S, params=None, max_bytes=None,

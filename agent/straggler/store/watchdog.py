@@ -63,9 +63,16 @@ class Watch:
         self.spilled = 0                  # temp bytes written in the threads before
 
     def tick(self):
-        """The connection's progress handler: counts work, and stops a query the watchdog stopped."""
+        """The connection's progress handler: counts work, and stops a query the watchdog stopped or
+        whose deadline has passed (checked here too, so a watchdog thread that gets no CPU in time
+        does not let a query run on)."""
         self.ticks += 1
-        return 1 if self.stopped is not None else 0
+        if self.stopped is None:
+            deadline = self.deadline
+            if deadline is None or time.monotonic() < deadline:
+                return 0
+            self.stopped = "deadline"
+        return 1
 
     def _take(self):
         """The calling thread runs the query from now on."""
@@ -145,6 +152,17 @@ class Watchdog:
         """Stop the watch's query now (from any thread: its answer was abandoned)."""
         with self._cond:
             self._stop(watch, reason)
+
+    def overdue(self, watch):
+        """In the query's own thread, between two steps: stop the watch when its deadline has passed
+        and say why it is stopped (None while it may go on). The thread's interrupt is the deadline's
+        only guard while a step runs; this one does not depend on that thread being scheduled in
+        time, so a deadline already past before SQLite starts, or passed during a step the interrupt
+        came too late for, is kept all the same."""
+        with self._cond:
+            if watch.stopped is None and watch.deadline is not None and time.monotonic() >= watch.deadline:
+                self._stop(watch, "deadline")
+            return watch.stopped
 
     # -- the thread
     def _ensure_thread(self):

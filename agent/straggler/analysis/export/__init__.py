@@ -27,21 +27,26 @@ finding); what was skipped is counted per reason in the summary.
 One concern per module: plan (what is exported: nodes, clocks, start, cut, explain's report),
 timeline (the content, from SQL cursors into a sink), jsonsink and pftrace (the two encodings),
 parallel (a big .pftrace written by several processes), errors (ExportError); export_perfetto
-here ties them. The writers stream: SQL cursors (ordered by SQLite, which sorts on disk) feed a
-sink that writes as it goes; memory depends on the number of tracks, not on the trace length. The
-output is written to a temporary file beside it and renamed into place. The package only reads the
-database; it must not parse arguments or print (straggler.cli.export does).
+here ties them, and values names a bad value in the database that stopped the export (a text where
+a number belongs, say: one line naming the table, the column, the node and the row, instead of a
+traceback; looked for only once something failed, so a sound export reads nothing more). The
+writers stream: SQL cursors (ordered by SQLite, which sorts on disk) feed a sink that writes as it
+goes; memory depends on the number of tracks, not on the trace length. The output is written to a
+temporary file beside it and renamed into place. The package only reads the database; it must not
+parse arguments or print (straggler.cli.export does).
 """
 import os
 import tempfile
 import time
 
+from ...errors import StragglerError
 from . import pftrace
 from .errors import ExportError
 from .jsonsink import JsonSink
-from .parallel import MAX_JOBS, PARALLEL_MIN_EVENTS, jobs_for, write_parallel
+from .parallel import MAX_JOBS, PARALLEL_MIN_EVENTS, WorkerCrashed, jobs_for, write_parallel
 from .plan import Plan, open_ro, parse_time_bound
 from .timeline import write
+from .values import refuse_bad_values
 
 FORMATS = ("perfetto", "json")
 
@@ -69,6 +74,22 @@ def export_perfetto(db_path, out_path, since=None, until=None, nodes=None, findi
     fmt = format_for(out_path, fmt)
     if fmt == "perfetto":
         pftrace.require()           # needs the perfetto package: fail before anything is written
+    try:
+        summary = _export(db_path, out_path, since, until, nodes, findings, fmt, around_findings, compress, jobs)
+    except WorkerCrashed:
+        refuse_bad_values(db_path)
+        raise
+    except (StragglerError, OSError, MemoryError):
+        raise
+    except Exception:               # a bad value (or a bug): name the value, else the traceback stands
+        refuse_bad_values(db_path)
+        raise
+    summary.update(output=out_path, format=fmt, bytes=os.path.getsize(out_path),
+                   elapsed_s=round(time.monotonic() - started, 3))
+    return summary
+
+
+def _export(db_path, out_path, since, until, nodes, findings, fmt, around_findings, compress, jobs):
     conn = open_ro(db_path)
     try:
         plan = Plan(conn, db_path, since, until, nodes, findings, around_findings)
@@ -96,6 +117,4 @@ def export_perfetto(db_path, out_path, since=None, until=None, nodes=None, findi
                 os.unlink(tmp)
     finally:
         conn.close()
-    summary.update(output=out_path, format=fmt, bytes=os.path.getsize(out_path),
-                   elapsed_s=round(time.monotonic() - started, 3))
     return summary

@@ -10,6 +10,7 @@ import os
 import shutil
 import time
 
+from ...errors import StragglerError
 from . import pftrace
 from .errors import ExportError
 from .plan import open_ro
@@ -18,6 +19,11 @@ from .timeline import write, write_tail
 MAX_JOBS = 8
 PARALLEL_MIN_EVENTS = 200_000
 PART_TIMEOUT_S = 6 * 3600          # a part that takes longer than this is stopped and the export fails
+
+
+class WorkerCrashed(ExportError):
+    """A worker stopped on an unexpected exception (not an ExportError of its own): the caller looks
+    for the bad value that may have caused it (values.py)."""
 
 
 def jobs_for(plan, jobs):
@@ -50,7 +56,7 @@ def _part(db_path, plan, findings, compress, nodes, path, sequence, uuid_base):
         finally:
             conn.close()
     except BaseException as exc:             # the parent reports it in one line
-        result = dict(error=f"{type(exc).__name__}: {exc}")
+        result = dict(error=f"{type(exc).__name__}: {exc}", refused=isinstance(exc, StragglerError))
     with open(path + ".json", "w") as fh:
         json.dump(result, fh)
 
@@ -85,7 +91,8 @@ def write_parallel(db_path, plan, fh, tmp, findings, compress, jobs):
             except (OSError, ValueError):
                 result = dict(error=f"worker exited with status {proc.exitcode} and no result")
             if "error" in result:
-                raise ExportError(f"export: a worker failed: {result['error']}")
+                raise (ExportError if result.get("refused") else WorkerCrashed)(
+                    f"export: a worker failed: {result['error']}")
             for key in totals:
                 totals[key] += result.get(key, 0)
             for why, n in result.get("skipped", {}).items():

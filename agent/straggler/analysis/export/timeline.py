@@ -203,7 +203,8 @@ def _episode_slices(sink, report, tracks):
         top = max(e.get("causes") or [], key=lambda c: c["share"], default=None)
         pattern = e.get("intermittent")
         args = (("ranks", ",".join(str(r["rank"]) for r in e.get("ranks", []) if r.get("rank") is not None)),
-                ("slowdown", e["slowdown"]), ("lost_s", e["lost_s"]), ("cause", top["cause"] if top else "unknown"),
+                ("slowdown", "all along (not measured)" if e["slowdown"] is None else e["slowdown"]),
+                ("lost_s", "not measured" if e.get("lost_s") is None else e["lost_s"]), ("cause", top["cause"] if top else "unknown"),
                 ("intermittent", f"period {pattern['period_s']} s, on {pattern['duty']:.0%}" if pattern else "no"),
                 ("summary", top["summary"] if top else ""))
         sink.slice(tracks[e["node"]], start, max(0, end - start),

@@ -7,6 +7,8 @@ One concern per module:
     over every row of every node table, and its `node.<NODE>.*` meta keys are its own nodes';
   - planning: the paths, the node each input must hold (--expect), the output name of every node
     (--rename, --auto-rename), the measured offsets (--offsets);
+  - values: what each copied column may hold (the store's schema: an integer, a number, text, JSON;
+    NULL only where allowed), as SQL the copy filters by, and the read that names a bad row;
   - copy: ATTACH + INSERT … SELECT per input inside one read transaction, meta under
     `node.<NODE>.<key>`, the offsets used in clock_offsets (method 'merge'), the 0600 output
     written beside its place and renamed into it;
@@ -20,9 +22,10 @@ else the input's latest clock_offsets row, else 0, reported).
 Every refusal is one MergeError line naming the file, with no output left behind: a missing,
 non-SQLite, corrupt or crafted input, a newer schema, an input that says no node, a row anywhere
 of a node the input does not say it holds, meta keys of another node, two inputs holding the same
-node (unless renamed), an input holding another node than expected, an output that is an input, a
-merge past its deadline (clock alignment included). The package must not modify its inputs, talk to the network, parse arguments or
-print (straggler.cli.merge does).
+node (unless renamed), an input holding another node than expected, a value of the wrong type in
+any column copied (values: the table, the column, the node, the row and the value named), an output
+that is an input, a merge past its deadline (clock alignment included). The package must not
+modify its inputs, talk to the network, parse arguments or print (straggler.cli.merge does).
 """
 import os
 import time

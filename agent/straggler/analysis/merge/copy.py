@@ -6,7 +6,9 @@ under `node.<NODE>.<key>`), so nothing is dropped or collides; events keep (node
 output gets a UNIQUE index on it. Each input is ATTACHed read-only and copied inside one read
 transaction (a consistent snapshot, WAL included; vetted again inside it, its rows checked to be
 of the nodes it says it holds, so what is copied is what was checked) with INSERT … SELECT
-(no Python row loop); `events.ts_aligned` is filled by straggler.clock's Aligner, registered as
+(no Python row loop) whose WHERE takes only rows whose every value is of its column's type
+(values.py; the same read as the copy, no scan of its own): a table copied short refuses the input,
+naming its first bad row; `events.ts_aligned` is filled by straggler.clock's Aligner, registered as
 the SQL function straggler_aligned_ts(node, ts). The offsets used are stored in clock_offsets
 (method 'merge') with their uncertainty. The output is written to a temporary file beside it (mode
 0600: processes.cmdline may hold secrets) and renamed into place when complete; on any error it is
@@ -25,8 +27,8 @@ import urllib.parse
 from ... import clock
 from ...store import rollup, schema
 from ...text import one_line, sql_ident, sql_quote
-from . import vetting
-from .errors import MergeError
+from . import values, vetting
+from .errors import MergeError, show
 from .vetting import NODE_META_PREFIX, NODE_TABLES, harden, ro_uri
 
 EVENT_INDEXES = ("events_source_op_ts", "events_pid_ts", "events_ts")
@@ -106,9 +108,17 @@ def _copy_input(conn, path, plan, offsets, summary, aligner, deadline):
                     exprs.append("straggler_aligned_ts(e.node, e.ts)")
                 else:
                     exprs.append(f"e.{c}")
-            conn.execute(f"INSERT INTO main.{table} ({', '.join(cols)}) "
-                         f"SELECT {', '.join(exprs)} "
-                         f"FROM src.{table} AS e")
+            # every copied value of the type its column holds (values.py; node: check_rows; an
+            # input's ts_aligned is computed afresh): the copy takes only the rows that pass, and an
+            # input with one that does not is refused
+            checked = [c for c in values.checked_columns(table, cols)
+                       if c in src_cols and c != "node" and not (table == "events" and c == "ts_aligned")]
+            bad = " OR ".join(values.bad_sql(table, c, f"e.{c}") for c in checked)
+            copied = conn.execute(f"INSERT INTO main.{table} ({', '.join(cols)}) "
+                                  f"SELECT {', '.join(exprs)} "
+                                  f"FROM src.{table} AS e" + (f" WHERE NOT ({bad})" if bad else "")).rowcount
+            if bad and copied != conn.execute(f"SELECT COUNT(*) FROM src.{table}").fetchone()[0]:
+                _refuse_bad_values(conn, path, table, checked)
         # meta: each node's keys under node.<NODE>.<key>; keys of an already merged input are renamed
         single = len(plan) == 1
         for key, value in src_meta.items():
@@ -140,6 +150,14 @@ def _copy_input(conn, path, plan, offsets, summary, aligner, deadline):
             conn.execute("DETACH DATABASE src")
         except sqlite3.Error:
             pass                               # the output is discarded anyway after an error
+
+
+def _refuse_bad_values(conn, path, table, columns):
+    """The copy of `table` left rows out: refuse the input, naming the first (values.first_bad_value)."""
+    found = values.first_bad_value(conn, table, columns, "src")
+    what = values.describe(found, show) if found else f"{table} holds values of the wrong type"
+    raise MergeError(f"{path}: {what}; refusing an input with bad values (take a fresh copy with "
+                     f"`straggler snapshot`)")
 
 
 def content_digest(path):

@@ -11,7 +11,8 @@ Which nodes an input holds is what it says (declared_nodes): meta `node` (a node
 agent writes it) or meta `nodes` (a merged database); an input that says neither is refused. What
 it says is then checked over every row, in SQL (check_rows): each node table's node column must
 hold only those names, compared byte for byte whatever collation the input declares; one row of
-another node anywhere refuses the input. Rows are never sampled.
+another node anywhere refuses the input. Rows are never sampled. The other columns' values are
+checked by the copy itself (values.py, copy.py): every one, as it is read.
 
 Holds the checks and the checked reads only; must not write anything, plan names or copy rows.
 """
