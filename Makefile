@@ -23,9 +23,12 @@ sanity: setup
 	@bash scripts/sanity.sh
 
 # dist/straggler-fleet-<version>.tar.gz: plugins, roles, playbooks and the agent wheel, for
-# `ansible-galaxy collection install` on a controller without this repository
-collection: setup
-	$(PY) scripts/build_collection.py --output-dir dist
+# `ansible-galaxy collection install` on a controller without this repository. The build needs only a
+# Python with ansible-core, setuptools and wheel: `make collection PYTHON=~/venv/bin/python` builds with it,
+# without root and without the development set-up (which needs root, Debian and eBPF for the tests)
+collection:
+	@if [ -n "$(PYTHON)" ]; then $(PYTHON) scripts/build_collection.py --output-dir dist; \
+	else $(MAKE) --no-print-directory setup && $(PY) scripts/build_collection.py --output-dir dist; fi
 
 bench: setup
 	$(PY) -m bench.run_all

@@ -21,6 +21,7 @@ It must not write into the source tree (only --output-dir), nor use the network.
 Prints one JSON line: {"collection": path, "wheel": name, "version": v, "files": n}.
 """
 import argparse
+import gzip
 import json
 import os
 import shutil
@@ -95,6 +96,30 @@ def assemble(stage: Path, wheel: Path):
     shutil.copy2(REPO / "LICENSE", stage / "LICENSE")
 
 
+# The tarball's members' times and the gzip header's: SOURCE_DATE_EPOCH when the environment sets it
+# (reproducible-builds.org), else the wheel's fixed epoch; the same sources give the same bytes.
+REPRODUCIBLE_EPOCH = 315532800
+FIRST_MEMBERS = ("MANIFEST.json", "FILES.json")
+
+
+def reproducible(built: Path, target: Path):
+    """Write `built` (ansible-galaxy's tarball: its members carry the build's time, the files their
+    checkout's times and the gzip header the build's) to `target` byte for byte reproducible: the same
+    members and contents, MANIFEST.json and FILES.json first then sorted by name, every time the epoch,
+    owners 0 and nameless, and the gzip header's time the epoch too."""
+    epoch = int(os.environ.get("SOURCE_DATE_EPOCH") or REPRODUCIBLE_EPOCH)
+    with tarfile.open(built) as source:
+        members = sorted(source.getmembers(), key=lambda m: (m.name not in FIRST_MEMBERS,
+                                                              FIRST_MEMBERS.index(m.name) if m.name in FIRST_MEMBERS else 0,
+                                                              m.name))
+        with open(target, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=epoch) as packed, \
+                tarfile.open(fileobj=packed, mode="w", format=tarfile.PAX_FORMAT) as out:
+            for member in members:
+                member.mtime, member.uid, member.gid, member.uname, member.gname = epoch, 0, 0, "", ""
+                member.pax_headers = {}
+                out.addfile(member, source.extractfile(member) if member.isfile() else None)
+
+
 def build(output_dir: Path, keep_stage: Path = None) -> dict:
     version = _galaxy_version()
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -115,7 +140,7 @@ def build(output_dir: Path, keep_stage: Path = None) -> dict:
             raise BuildError(f"ansible-galaxy collection build failed: {(proc.stderr or proc.stdout).strip()[-800:]}")
         built = work / "out" / f"straggler-fleet-{version}.tar.gz"
         target = output_dir / built.name
-        shutil.copy2(built, str(target) + ".tmp")
+        reproducible(built, Path(str(target) + ".tmp"))
         os.replace(str(target) + ".tmp", target)
     with tarfile.open(target) as tar:
         count = sum(1 for member in tar.getmembers() if member.isfile())

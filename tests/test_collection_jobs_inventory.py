@@ -137,3 +137,47 @@ def test_exited_processes_count_when_asked_and_agents_by_address_name_their_host
     data = loaded(proc.stdout)
     assert sorted(data["job_10_0_12_11_29600"]["hosts"]) == ["node-a", "node-b"]
     assert data["_meta"]["hostvars"]["node-a"]["ansible_host"] == NODES["node-a"]
+
+
+def test_ports_from_host_vars_certificates_as_content_keyed_groups_and_a_cache(agents, tmp_path):
+    """What the other inventory plugins do: the hosts' variables from host_vars/ (before, only the inventory
+    file's own were read: every agent 'did not answer' on the default port), the certificates as PEM text
+    (an AWX credential's environment variables), keyed_groups over the job variables, and a cache that a
+    later run reads instead of asking the agents."""
+    inventory = tmp_path / "inventory"
+    (inventory / "host_vars").mkdir(parents=True)
+    (inventory / "group_vars").mkdir()
+    lines = ["[gpu]"]
+    for line in (agents / "hosts.ini").read_text().splitlines()[1:3]:
+        name, host, port = line.split()[:3]
+        lines.append(f"{name} {host}")
+        (inventory / "host_vars" / f"{name}.yml").write_text(f"{port.replace('=', ': ')}\n")
+    (inventory / "group_vars" / "gpu.yml").write_text("ansible_connection: local\n")
+    (inventory / "hosts.ini").write_text("\n".join(lines) + "\n")
+    pki_dir = agents / "pki"
+    source = tmp_path / "jobs.straggler.yml"
+    source.write_text(f"plugin: straggler.fleet.jobs\ngroup: gpu\npki_dir: {tmp_path / 'no-pki-here'}\ntimeout: 5\n"
+                      f"strict: true\nkeyed_groups:\n  - key: straggler_ranks | length | string\n    prefix: ranks\n"
+                      f"cache: true\ncache_plugin: ansible.builtin.jsonfile\ncache_connection: {tmp_path / 'cache'}\n"
+                      f"cache_timeout: 3600\n")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = dict(TMPDIR=str(scratch), STRAGGLER_CA_CONTENT=(pki_dir / "ca.crt").read_text(),
+               STRAGGLER_CERT_CONTENT=(pki_dir / "controller.crt").read_text(),
+               STRAGGLER_KEY_CONTENT=(pki_dir / "controller.key").read_text())
+    os.environ.update(env)
+    try:
+        proc = run("ansible-inventory", "-i", inventory, "-i", source, "--list", cwd=tmp_path)
+    finally:
+        for name in env:
+            os.environ.pop(name)
+    assert proc.returncode == 0 and "did not answer" not in proc.stderr, shown(proc)
+    data = loaded(proc.stdout)
+    assert sorted(data["job_10_0_12_11_29500"]["hosts"]) == ["node-a", "node-b"], shown(proc)
+    assert data["ranks_2"]["hosts"] == ["node-a"] and data["ranks_3"]["hosts"] == ["node-b"], shown(proc)
+    assert list((tmp_path / "cache").iterdir())
+    assert not list(scratch.glob("straggler-jobs-*"))       # the key's file is gone
+    # the cache answers the next run: no certificate at all now, and the same groups
+    proc = run("ansible-inventory", "-i", inventory, "-i", source, "--list", cwd=tmp_path)
+    assert proc.returncode == 0, shown(proc)
+    assert sorted(loaded(proc.stdout)["job_10_0_12_11_29500"]["hosts"]) == ["node-a", "node-b"], shown(proc)

@@ -67,6 +67,19 @@ def test_the_tarball_holds_everything_a_user_needs_and_matches_the_sources(built
     assert not [n for n in members if n.startswith("tests/") or "/__pycache__/" in n or n.endswith("ansible.cfg")]
 
 
+def test_the_same_sources_build_the_same_tarball_and_wheel_byte_for_byte(built, tmp_path):
+    """Rebuilt later, under another umask: the same bytes (before, the wheel's dist-info times and the
+    tarball's member and gzip times changed with every build, and every host reinstalled and restarted its
+    agent after a rebuild of the collection)."""
+    import hashlib
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "build_collection.py"), "--output-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, preexec_fn=lambda: os.umask(0o002))
+    assert proc.returncode == 0, proc.stderr
+    again = Path(json.loads(proc.stdout.strip().splitlines()[-1])["collection"])
+    first = Path(built["collection"])
+    assert hashlib.sha256(again.read_bytes()).hexdigest() == hashlib.sha256(first.read_bytes()).hexdigest()
+
+
 def test_ansible_doc_documents_every_plugin_and_both_roles_from_outside_the_repository(installed):
     env, root, venv = installed["env"], installed["root"], installed["venv"]
     doc = str(venv / "bin" / "ansible-doc")

@@ -460,3 +460,117 @@ def test_dates_from_a_cryptography_without_the_utc_properties_are_read_as_utc():
     assert pki._utc_time(older, "next_update") is None
     newer = types.SimpleNamespace(not_valid_after_utc=naive.replace(tzinfo=datetime.timezone.utc))
     assert pki._utc_time(newer, "not_valid_after").tzinfo is datetime.timezone.utc
+
+
+# ---------------------------------------------------------------- a revocation is never undone
+
+def _crl_state(directory):
+    from cryptography import x509
+    crl = x509.load_pem_x509_crl((Path(directory) / "crl.pem").read_bytes())
+    number = crl.extensions.get_extension_for_class(x509.CRLNumber).value.crl_number
+    return number, {e.serial_number for e in crl}
+
+
+def test_the_newest_revocation_list_wins_and_lists_that_revoked_apart_are_joined(tmp_path):
+    """`straggler pki crl --adopt`: an older list (the controller's own or a host's) never wins; another
+    CA's is left out and named; two controllers that each revoked a certificate from the same list end
+    with both revoked, under a number above either."""
+    a, b, other = tmp_path / "a", tmp_path / "b", tmp_path / "other"
+    pki.init_ca(str(a))
+    pki.init_ca(str(other))
+    for name in ("laptop", "runner"):
+        pki.issue(str(a), name, [], kind="client")
+    shutil.copytree(a, b)
+    pki.revoke(str(a), ["laptop"])                   # A: number 2, laptop
+    pki.revoke(str(b), ["runner"])                   # B, apart: number 2, runner
+    newest_a = (a / "crl.pem").read_bytes()
+    proc = subprocess.run([str(REPO / ".venv" / "bin" / "straggler"), "pki", "crl", "--dir", str(b), "--json",
+                           "--adopt", str(a / "crl.pem"), "--adopt", str(other / "crl.pem")],
+                          capture_output=True, text=True, timeout=120, env=venv_env())
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["joined"] and summary["foreign"] == ["crl"] and summary["changed"]
+    number, revoked = _crl_state(b)
+    assert number == 3 and len(revoked) == 2
+    # an older list offered back to A is not adopted: A keeps its own, and says the other is behind
+    shutil.copy(a / "crl.pem", tmp_path / "a-now.pem")
+    before = pki.adopt_crls(str(a), [("old-host", str(tmp_path / "a-now.pem"))])
+    assert before["changed"] is False and (a / "crl.pem").read_bytes() == newest_a
+    older = tmp_path / "older.pem"                   # this CA's, number 1 (rebuilt from A's revoked/: laptop)
+    shutil.copytree(a, tmp_path / "a-copy")
+    (tmp_path / "a-copy" / "crl.pem").unlink()
+    pki.write_crl(str(tmp_path / "a-copy"))
+    shutil.copy(tmp_path / "a-copy" / "crl.pem", older)
+    assert _crl_state(tmp_path / "a-copy")[0] == 1
+    summary = pki.adopt_crls(str(a), [("h1", str(older)), ("h2", str(b / "crl.pem"))])
+    assert summary["adopted_from"] == "h2" and _crl_state(a) == (3, revoked)
+    assert summary["behind"] == ["h1"]
+
+
+def test_a_host_certificate_is_adopted_only_when_this_ca_signed_it_and_it_is_not_revoked(tmp_path):
+    a, other = tmp_path / "a", tmp_path / "other"
+    pki.init_ca(str(a))
+    pki.init_ca(str(other))
+    pki.issue(str(a), "n1", ["10.0.0.1"])
+    pki.issue(str(other), "n1", ["10.0.0.1"])
+    held = (a / "n1.crt").read_text() + (a / "n1.key").read_text()
+    foreign = (other / "n1.crt").read_text() + (other / "n1.key").read_text()
+    controller = tmp_path / "controller"
+    shutil.copytree(a, controller)
+    for name in ("n1.crt", "n1.key"):
+        (controller / name).unlink()
+    assert pki.adopt_certificate(str(controller), "n1", foreign)["reason"] == "not signed by this CA"
+    assert not (controller / "n1.crt").exists()
+    mixed = (a / "n1.crt").read_text() + (other / "n1.key").read_text()
+    assert pki.adopt_certificate(str(controller), "n1", mixed)["reason"] == "the key is not the certificate's"
+    assert pki.adopt_certificate(str(controller), "n1", held)["adopted"] is True
+    assert (controller / "n1.crt").read_text() == (a / "n1.crt").read_text()
+    pki.revoke(str(controller), ["n1"])
+    summary = pki.adopt_certificate(str(controller), "n1", held)
+    assert summary["reason"] == "revoked" and not summary["adopted"] and not (controller / "n1.crt").exists()
+
+
+def test_a_ca_that_init_replaces_is_kept_first_and_check_ca_writes_nothing(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    pki.init_ca(str(a))
+    pki.init_ca(str(b))
+    wrong_pair = (a / "ca.crt").read_text() + (b / "ca.key").read_text()
+    assert pki.check_ca(wrong_pair)["reason"] == "the key does not belong to the certificate"
+    assert pki.check_ca((a / "ca.crt").read_text() + (a / "ca.key").read_text())["ok"]
+    old = {name: (a / name).read_bytes() for name in ("ca.crt", "crl.pem")}
+    (a / "ca.key").write_bytes((b / "ca.key").read_bytes())           # the wrong key pasted over the right one
+    summary = pki.init_ca(str(a))                                      # not a usable pair: a new CA ...
+    assert summary["changed"] and summary["backup"]
+    kept = Path(summary["backup"])                                      # ... and what it replaced, kept
+    assert (kept / "ca.crt").read_bytes() == old["ca.crt"] and (kept / "crl.pem").read_bytes() == old["crl.pem"]
+    assert (kept / "ca.key").read_bytes() == (b / "ca.key").read_bytes()
+    assert stat.S_IMODE((kept / "ca.key").stat().st_mode) == 0o600 and stat.S_IMODE(kept.parent.stat().st_mode) == 0o700
+    proc = subprocess.run([str(REPO / ".venv" / "bin" / "straggler"), "pki", "check-ca"], input=wrong_pair,
+                          capture_output=True, text=True, timeout=60, env=venv_env())
+    assert proc.returncode != 0 and "not a usable CA: the key does not belong to the certificate" in proc.stderr
+
+
+def test_an_rsa_ca_is_refused_and_two_replacements_in_one_second_keep_both(tmp_path):
+    """check_ca refuses a CA whose key is not EC (its certificates would look foreign and be issued again
+    on every run); init's backups of two replacements in the same second are both kept."""
+    import datetime
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.x509.oid import NameOID
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rsa CA")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=400))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True).sign(key, hashes.SHA256()))
+    pem = (cert.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())).decode()
+    assert "not an elliptic-curve key" in pki.check_ca(pem)["reason"]
+    a = tmp_path / "a"
+    pki.init_ca(str(a))
+    backups = []
+    for _ in range(2):
+        (a / "ca.key").write_text("not a key\n")
+        backups.append(pki.init_ca(str(a))["backup"])
+    assert len(set(backups)) == 2 and all(Path(b, "ca.key").read_text() == "not a key\n" for b in backups)

@@ -30,6 +30,18 @@ def shown(proc):
     return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-8000:]}\n--- stderr\n{proc.stderr[-4000:]}"
 
 
+def trace_check_vars(tmp_path, **more):
+    """trace.yml's variables for a check-mode run on this machine: a stand-in wheel (nothing is installed, and no
+    fleet CA is made), everything under tmp_path."""
+    wheel = tmp_path / "straggler-0.0.0-py3-none-any.whl"
+    wheel.write_bytes(b"stand-in: check mode installs nothing")
+    return dict(straggler_pki_dir=str(tmp_path / "pki"), straggler_pki_tls_dir=str(tmp_path / "host" / "tls"),
+                straggler_agent_wheel=str(wheel), straggler_agent_venv=str(tmp_path / "host" / "venv"),
+                straggler_agent_db=str(tmp_path / "host" / "straggler.db"), straggler_agent_install_packages=False,
+                straggler_agent_mount_tracefs=False, straggler_agent_verify_bcc=False,
+                straggler_agent_service_mode="supervised", **more)
+
+
 def test_unprefixed_inventory_variables_do_not_change_what_trace_yml_does(tmp_path):
     """An inventory whose group sets `state=absent` (and other short names the playbooks once read)
     still gets the agent installed and started: trace.yml reads only straggler_* variables. In check
@@ -43,13 +55,7 @@ def test_unprefixed_inventory_variables_do_not_change_what_trace_yml_does(tmp_pa
         scope=bogus
         target=nowhere
         """))
-    wheel = tmp_path / "straggler-0.0.0-py3-none-any.whl"
-    wheel.write_bytes(b"stand-in: check mode installs nothing")
-    extra = dict(straggler_pki_dir=str(tmp_path / "pki"), straggler_pki_tls_dir=str(tmp_path / "host" / "tls"),
-                 straggler_agent_wheel=str(wheel), straggler_agent_venv=str(tmp_path / "host" / "venv"),
-                 straggler_agent_db=str(tmp_path / "host" / "straggler.db"), straggler_agent_install_packages=False,
-                 straggler_agent_mount_tracefs=False, straggler_agent_verify_bcc=False,
-                 straggler_agent_service_mode="supervised", straggler_agent_duration="5m")
+    extra = trace_check_vars(tmp_path, straggler_agent_duration="5m")
     proc = ansible_playbook("-i", tmp_path / "inventory.ini", "playbooks/trace.yml", "--check", "-e", json.dumps(extra))
     assert proc.returncode == 0, shown(proc)
     out = proc.stdout
@@ -59,7 +65,7 @@ def test_unprefixed_inventory_variables_do_not_change_what_trace_yml_does(tmp_pa
     assert re.search(r"TASK \[straggler_pki : Remove the TLS files from the host\] \**\nskipping: \[localhost\]", out), \
         shown(proc)
     assert re.search(r"TASK \[Remove the TLS files\] \**\nskipping: \[localhost\]", out), shown(proc)
-    assert "1 of 1 hosts tracing" in out, shown(proc)
+    assert "Check mode, nothing changed: a run would leave 1 of 1 hosts tracing" in out, shown(proc)
     assert not (tmp_path / "pki").exists()                         # check mode writes nothing on the controller
     assert not (tmp_path / "host").exists()                        # nor on the host
 
@@ -169,3 +175,81 @@ def test_tls_files_writes_the_four_files_atomically_once_and_only_what_changed(t
     assert not [p for p in dest.iterdir() if p.name.startswith(".")]          # no temporary left
     (dest / "node.key").chmod(0o644)                                          # a mode drifted: put back
     assert run() == ("True", "node.key") and (dest / "node.key").stat().st_mode & 0o777 == 0o600
+
+
+def test_collect_in_check_mode_says_what_it_would_write_and_writes_nothing(tmp_path):
+    """Before, `collect.yml --check` ended by saying it had written cluster.db, trace.pftrace and explain.md."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from test_api_helpers import make_node_db
+    make_node_db(tmp_path / "node.db", "localhost", 0)
+    out = tmp_path / "out"
+    proc = ansible_playbook("-i", "localhost,", "-c", "local", "playbooks/collect.yml", "--check",
+                            "-e", json.dumps(dict(target="localhost", out=str(out), straggler_agent_db=str(tmp_path / "node.db"),
+                                                  straggler_agent_venv=str(VENV_BIN.parent),
+                                                  ansible_python_interpreter=HOST_PYTHON)))
+    assert proc.returncode == 0, shown(proc)
+    assert f"Check mode, nothing written: a run would merge 1 of 1 hosts into {out}/cluster.db" in proc.stdout, shown(proc)
+    assert "merged into" not in proc.stdout and not out.exists()
+
+
+def test_a_word_of_the_sql_never_retargets_the_play(tmp_path):
+    """Ansible splits `-e sql=...` at spaces and makes `target='x'` in the SQL a variable of its own: the
+    play's hosts were read from it (no host matched, nothing ran, exit 0). The hosts now come from the
+    options as typed (straggler.fleet.playbook_option), the SQL whole."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from test_api_helpers import make_node_db
+    make_node_db(tmp_path / "node.db", "localhost", 0)
+    inventory = tmp_path / "inventory.ini"
+    inventory.write_text(f"[gpu]\nlocalhost ansible_connection=local ansible_python_interpreter={HOST_PYTHON}\n")
+    sql = "WITH t(target) AS (SELECT 'y') SELECT count(*) AS n FROM t WHERE target='x' OR 1"
+    proc = ansible_playbook("-i", inventory, "playbooks/fleet_query.yml", "-e", f"sql={sql}",
+                            "-e", json.dumps(dict(straggler_agent_db=str(tmp_path / "node.db"),
+                                                  straggler_agent_venv=str(VENV_BIN.parent),
+                                                  straggler_results_dir=str(tmp_path / "results"))))
+    assert proc.returncode == 0, shown(proc)
+    assert "1 rows from 1 of 1 hosts" in proc.stdout, shown(proc)
+    (written,) = (tmp_path / "results").iterdir()
+    assert json.loads(written.read_text())["sql"] == sql
+
+
+def test_fleet_query_reads_and_checks_its_options_under_tags_always(tmp_path):
+    """`--tags always` runs the options' reading and check (a bad option fails), `--tags query` the query."""
+    inventory = tmp_path / "inventory.ini"
+    inventory.write_text(f"[gpu]\nlocalhost ansible_connection=local ansible_python_interpreter={HOST_PYTHON}\n")
+    proc = ansible_playbook("-i", inventory, "playbooks/fleet_query.yml", "--tags", "always", "-e", "straggler_limit=0")
+    assert proc.returncode == 2 and "straggler_limit at least 1" in proc.stdout, shown(proc)
+    proc = ansible_playbook("-i", inventory, "playbooks/fleet_query.yml", "--list-tasks", "--tags", "query")
+    assert proc.returncode == 0 and "Query every host over SSH" in proc.stdout, shown(proc)
+    assert "Write the results file" in proc.stdout, shown(proc)
+
+
+def test_trace_yml_deploys_batch_by_batch_with_straggler_serial(tmp_path):
+    """-e straggler_serial=1: a rolling deploy, one host at a time (in check mode, a stand-in wheel)."""
+    (tmp_path / "inventory.ini").write_text(textwrap.dedent(f"""\
+        [gpu]
+        node-a ansible_connection=local ansible_python_interpreter={HOST_PYTHON}
+        node-b ansible_connection=local ansible_python_interpreter={HOST_PYTHON}
+        """))
+    extra = trace_check_vars(tmp_path, straggler_serial=1)
+    proc = ansible_playbook("-i", tmp_path / "inventory.ini", "playbooks/trace.yml", "--check", "-e", json.dumps(extra))
+    assert proc.returncode == 0, shown(proc)
+    batches = re.findall(r"TASK \[Read the options[^\n]*\n\w+: \[([^\]]+)\]", proc.stdout)
+    assert batches == ["node-a", "node-b"], shown(proc)              # one batch per host, in order
+    assert "not read" not in proc.stdout and "straggler_serial" not in proc.stderr, shown(proc)
+
+
+def test_the_target_option_may_be_a_template_as_a_variable_may(tmp_path):
+    inventory = tmp_path / "inventory.ini"
+    inventory.write_text(f"[gpu]\n[other]\nlocalhost ansible_connection=local ansible_python_interpreter={HOST_PYTHON}\n")
+    playbook = tmp_path / "target.yml"
+    playbook.write_text(textwrap.dedent("""\
+        - name: target
+          hosts: "{{ lookup('straggler.fleet.playbook_option', 'target', default='gpu') }}"
+          gather_facts: false
+          tasks:
+            - name: say
+              ansible.builtin.debug:
+                msg: TARGETED
+        """))
+    proc = ansible_playbook("-i", inventory, playbook, "-e", "target={{ 'oth' ~ 'er' }}")
+    assert proc.returncode == 0 and '"msg": "TARGETED"' in proc.stdout, shown(proc)

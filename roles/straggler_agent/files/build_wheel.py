@@ -12,6 +12,11 @@ the wheel into DIR/<hash>/ with an atomic rename. Prints one JSON line:
 With --check (Ansible's check mode) it writes nothing: it prints whether a wheel would be built
 ({"changed": true, "wheel": null, "sha256": null, ...} when none is cached for these sources).
 
+Reproducible: the same sources build the same wheel byte for byte, wherever and whenever they are
+built (its files' times are SOURCE_DATE_EPOCH, REPRODUCIBLE_EPOCH unless the environment sets one, and
+their modes 0644, or 0755 for an executable, whatever the checkout's umask), so a rebuilt collection
+carries the same wheel and the role reinstalls and restarts nothing.
+
 What it must not do: use the network (no build isolation, no dependencies), write into the
 source tree (parallel builds and developers' build/ or *.egg-info stay untouched), or leave a
 half-written wheel where another run could pick it up.
@@ -30,6 +35,7 @@ TOP_FILES = ("pyproject.toml", "setup.cfg", "setup.py", "MANIFEST.in", "README.m
 TREES = ("agent/straggler", "bpf")   # the product only: agent/straggler_lab (the lab) never ships
 SKIP_DIRS = {"__pycache__", "build", "dist", ".pytest_cache"}
 SKIP_SUFFIXES = (".pyc", ".pyo", ".so", ".o")
+REPRODUCIBLE_EPOCH = 315532800      # 1980-01-01, the earliest time a zip entry holds
 
 
 def package_files(source):
@@ -91,14 +97,21 @@ def build(source, cache, python, check=False):
     os.makedirs(cache, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".build-", dir=cache) as work:
         tree = os.path.join(work, "src")
+        epoch = int(os.environ.get("SOURCE_DATE_EPOCH") or REPRODUCIBLE_EPOCH)
         for rel in files:
             os.makedirs(os.path.dirname(os.path.join(tree, rel)) or tree, exist_ok=True)
-            shutil.copy2(os.path.join(source, rel), os.path.join(tree, rel))
+            copied = os.path.join(tree, rel)
+            shutil.copyfile(os.path.join(source, rel), copied)
+            executable = os.stat(os.path.join(source, rel)).st_mode & 0o100
+            os.chmod(copied, 0o755 if executable else 0o644)
+            os.utime(copied, (epoch, epoch))
         out = os.path.join(work, "out")
         cmd = [python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
                "--disable-pip-version-check", "-q", "-w", out, "."]
+        env = dict(os.environ, SOURCE_DATE_EPOCH=str(epoch), PYTHONHASHSEED="0")
         proc = subprocess.run(cmd, cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=300, check=False)
+                              timeout=300, check=False, env=env,
+                              preexec_fn=lambda: os.umask(0o022))     # the build's copies: 0644 whatever the caller's
         built = existing_wheel(out)
         if proc.returncode != 0 or not built:
             tail = "\n".join(proc.stdout.splitlines()[-20:])

@@ -28,14 +28,15 @@ from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import 
 
 
 def render_aggregate(table, output_format, render):
-    """The text written to `dest` for one aggregated table; `render` is straggler.render."""
+    """The text written to `dest` for one aggregated table; `render` is straggler.render, whose
+    escaping rules (to_csv, to_markdown's cells, md_text) every value the hosts sent goes through."""
     if output_format == 'csv':
         return render.to_csv(table['columns'], table['rows'])
     if output_format == 'markdown':
         text = render.to_markdown(table['columns'], table['rows'])
         text += '\n' + render.to_markdown(HOST_STATUS_COLUMNS, host_status_rows(table['hosts']))
         if table['missing']:
-            text += '\nMissing hosts: %s\n' % ', '.join(table['missing'])
+            text += '\nMissing hosts: %s\n' % ', '.join(render.md_text(host) for host in table['missing'])
         return text
     return render.to_json(dict(columns=table['columns'], rows=table['rows'], hosts=table['hosts'], missing=table['missing']))
 
@@ -47,6 +48,7 @@ class ActionModule(ControllerAction):
         hosts=dict(type='list', elements='str'),
         dest=dict(type='path'),
         format=dict(type='str', choices=list(SUPPORTED_FORMATS)),
+        check_nodes=dict(type='bool', default=True),
     )
 
     def run_task(self, args, task_vars, result):
@@ -61,7 +63,10 @@ class ActionModule(ControllerAction):
         if batch_hosts is not None and active_hosts <= batch_hosts:
             batch_hosts = None
         registered = dict((host, plain(hostvar(task_vars, host, args['results']))) for host in hosts)
-        table = aggregate(hosts, registered, active_hosts, batch_hosts)
+        expected = None
+        if args['check_nodes']:
+            expected = dict((host, str(hostvar(task_vars, host, 'straggler_agent_node') or host)) for host in hosts)
+        table = aggregate(hosts, registered, active_hosts, batch_hosts, expected_nodes=expected)
 
         result.update(table)
         result['changed'] = False

@@ -4,7 +4,9 @@
 """Action plugin straggler.fleet.collect: runs the collect module (a consistent snapshot of the
 host's database in a temporary directory), fetches the snapshot over the task's connection to
 `<dest>/<inventory_hostname>.db` on the controller, checks its SHA-256, and removes the temporary
-directory on the host; the fetched copy is mode 0600 (it holds the host's command lines).
+directory on the host; the fetched copy is mode 0600 (it holds the host's command lines). A snapshot
+over max_bytes is not fetched (the size the host reports), and a fetched file over it (a host that
+misreported) is removed: the task fails and no file is left.
 Modelled on ansible.builtin.fetch. It must not read or change the database's content: the
 snapshot is the agent's job, merging (and distrusting what a host sent) the core's."""
 
@@ -17,9 +19,10 @@ import tempfile
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.text.converters import to_text
 
-from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import StragglerAction
+from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import StragglerAction, host_value_of, with_agent_defaults
 
 MODULE_NAME = 'straggler.fleet.collect'
+DEFAULT_MAX_BYTES = 4 << 30       # the module's default (plugins/modules/collect.py), checked here on the controller
 
 
 def sha256_of(path):
@@ -40,6 +43,14 @@ def local_dest(dest_dir, inventory_hostname):
     if not name or '/' in name or name in ('.', '..'):
         raise AnsibleActionFail('inventory hostname %r cannot be a file name' % name)
     return os.path.join(os.path.abspath(os.path.expanduser(dest_dir)), name + '.db')
+
+
+def check_size(what, size, max_bytes):
+    """AnsibleActionFail when `size` bytes are over max_bytes (nothing of the host's is kept)."""
+    if size is not None and size > max_bytes:
+        raise AnsibleActionFail('%s is %d bytes, more than max_bytes (%d): nothing is kept from this host; raise '
+                                'max_bytes if this host is trusted and its database is that large'
+                                % (what, size, max_bytes))
 
 
 def install_fetched(fetched_path, final_path, expected_sha256):
@@ -69,13 +80,19 @@ class ActionModule(StragglerAction):
         db=dict(type='path'),
         straggler_bin=dict(type='path'),
         snapshot_dir=dict(type='path'),
+        max_bytes=dict(type='int'),
         owner=dict(type='str'),
     )
 
     def run_task(self, args, task_vars, result):
         final_path = local_dest(args['dest'], task_vars.get('inventory_hostname'))
+        max_bytes = args['max_bytes'] if args.get('max_bytes') is not None else DEFAULT_MAX_BYTES
+        if max_bytes <= 0:
+            raise AnsibleActionFail('max_bytes must be a positive number of bytes, not %d' % max_bytes)
 
         module_args = dict((name, value) for name, value in args.items() if value is not None)
+        # db and straggler_bin left unset: the host's straggler_agent_db / straggler_agent_venv, as the playbooks read
+        module_args = with_agent_defaults(module_args, host_value_of(task_vars, self._templar))
         if not module_args.get('owner') and self._connection.become:
             remote_user = self._get_remote_user()
             become_user = self.get_become_option('become_user')
@@ -96,6 +113,11 @@ class ActionModule(StragglerAction):
             remote_dir = answer.get('remote_dir')
             remote_path = answer['remote_path']
             try:
+                reported = int(answer.get('size'))
+            except (TypeError, ValueError):
+                reported = None
+            check_size('the snapshot of %s (as the host reports it)' % answer.get('db'), reported, max_bytes)
+            try:
                 os.makedirs(os.path.dirname(final_path), exist_ok=True)
                 fd, fetched_path = tempfile.mkstemp(prefix='.%s.' % os.path.basename(final_path),
                                                     dir=os.path.dirname(final_path))
@@ -104,6 +126,8 @@ class ActionModule(StragglerAction):
                 raise AnsibleActionFail('cannot write into %s: %s; check dest' % (os.path.dirname(final_path), exc)) from None
             try:
                 self._connection.fetch_file(remote_path, fetched_path)
+                # the host's word on the size is not trusted: the file as it arrived
+                check_size('the fetched snapshot of %s' % answer.get('db'), os.path.getsize(fetched_path), max_bytes)
                 changed = install_fetched(fetched_path, final_path, answer['checksum'])
             finally:
                 if os.path.exists(fetched_path):

@@ -69,7 +69,8 @@ def offsets_from_clock_facts(task_vars, hosts):
 def expected_nodes_of(task_vars, inputs, hosts, given=None):
     """{input path: node it must hold}: an input named `<host>.db` (what straggler.fleet.collect
     writes) of one of `hosts` must hold that host's straggler_agent_node, else its inventory
-    hostname; `given` ({path: node}) is added on top."""
+    hostname; `given` ({path: node}) is added on top. With `hosts`, every input must be one of
+    theirs or in `given`: a file no host is known for is refused (its node could not be checked)."""
     by_host = dict((str(host), str(hostvar(task_vars, host, 'straggler_agent_node') or host)) for host in hosts or ())
     expected = {}
     for path in inputs:
@@ -78,6 +79,13 @@ def expected_nodes_of(task_vars, inputs, hosts, given=None):
             expected[path] = by_host[name[:-3]]
     for path, node in (given or {}).items():
         expected[os.path.abspath(os.path.expanduser(str(path)))] = str(node)
+    unknown = [path for path in inputs if path not in expected and os.path.abspath(path) not in expected]
+    if hosts and unknown:
+        raise AnsibleActionFail('%s: no host of expect_nodes_from_hosts is known for %s (a collected file is named '
+                                '<inventory_hostname>.db), so the node it holds cannot be checked; leave it out of '
+                                'src or name its node in expect_nodes' % (', '.join(unknown[:3]) + (
+                                    ' and %d more' % (len(unknown) - 3) if len(unknown) > 3 else ''),
+                                    'it' if len(unknown) == 1 else 'them'))
     return expected
 
 

@@ -31,6 +31,10 @@ description:
     no job.
   - Use it after the inventory of the hosts, for example C(ansible-playbook -i inventory.ini -i jobs.straggler.yml ...);
     the source file's name must end in C(straggler.yml) or C(straggler.yaml).
+  - Each host's agent address, port and node come from the host's variables as the inventory and its C(group_vars/)
+    and C(host_vars/) set them (O(use_vars_plugins)), as for a play.
+  - Like the other inventory plugins, it takes O(compose), O(groups) and O(keyed_groups) over each host's variables
+    (the job variables above included), and a cache (O(cache)) so that a later run does not ask the agents again.
 author:
   - The straggler project (!UNKNOWN)
 requirements:
@@ -77,6 +81,31 @@ options:
   key:
     description: The client certificate's key (default O(client_name)C(.key) in O(pki_dir)).
     type: path
+  ca_content:
+    description:
+      - The CA certificate itself (PEM), instead of a file; for example from an AWX credential that injects it as an
+        environment variable. It takes the place of O(ca).
+    type: str
+    env:
+      - name: STRAGGLER_CA_CONTENT
+  cert_content:
+    description: The client certificate itself (PEM), instead of O(cert).
+    type: str
+    env:
+      - name: STRAGGLER_CERT_CONTENT
+  key_content:
+    description:
+      - The client certificate's key itself (PEM), instead of O(key). It is written to a private temporary file (0600)
+        for the TLS handshake and removed once the agents have answered.
+    type: str
+    env:
+      - name: STRAGGLER_KEY_CONTENT
+  use_vars_plugins:
+    description:
+      - Read each host's variables as a play would, C(group_vars/) and C(host_vars/) beside the inventory included (the
+        vars plugins); V(false) reads only the variables the inventory sources themselves set.
+    type: bool
+    default: true
   server_name:
     description: The name to check in every agent's certificate instead of its address.
     type: str
@@ -96,6 +125,9 @@ options:
     description: The prefix of the jobs' group names.
     type: str
     default: job_
+extends_documentation_fragment:
+  - ansible.builtin.constructed
+  - ansible.builtin.inventory_cache
 """
 
 EXAMPLES = r"""
@@ -105,6 +137,18 @@ EXAMPLES = r"""
 plugin: straggler.fleet.jobs
 group: gpu
 
+# With the certificates from an AWX credential (environment variables), a group per job size, and a cache:
+# plugin: straggler.fleet.jobs
+# group: gpu
+# keyed_groups:
+#   - key: straggler_ranks | length | string
+#     prefix: ranks
+# cache: true
+# cache_plugin: ansible.builtin.jsonfile
+# cache_connection: ~/.cache/straggler-jobs
+# cache_timeout: 300
+#   (STRAGGLER_CA_CONTENT, STRAGGLER_CERT_CONTENT and STRAGGLER_KEY_CONTENT hold the PEM texts)
+
 # Or without another inventory, the agents by address:
 # plugin: straggler.fleet.jobs
 # nodes: [10.0.12.11, 10.0.12.12]     # host or host:port; the port unset: the agents' default
@@ -113,11 +157,14 @@ group: gpu
 
 import os
 import re
+import shutil
+import tempfile
 
 from ansible.errors import AnsibleParserError
 from ansible.inventory.helpers import get_group_vars
-from ansible.plugins.inventory import BaseInventoryPlugin
+from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
 from ansible.utils.vars import combine_vars
+from ansible.vars.plugins import get_vars_from_inventory_sources
 
 from ansible_collections.straggler.fleet.plugins.plugin_utils.controller import install_command
 
@@ -162,7 +209,7 @@ def jobs_of(rows, columns, host_of_node):
     return jobs
 
 
-class InventoryModule(BaseInventoryPlugin):
+class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
 
     NAME = 'straggler.fleet.jobs'
 
@@ -178,14 +225,34 @@ class InventoryModule(BaseInventoryPlugin):
                                      % (exc, install_command()))
         return client, inventory, TLSOptions
 
-    def _tls(self, TLSOptions):
+    def _tls(self, TLSOptions, scratch):
+        """The TLS options: files from the options or pki_dir, or the PEM texts of the *_content options
+        written into `scratch` (a private directory the caller removes)."""
         pki_dir = os.path.expanduser(self.get_option('pki_dir'))
         name = self.get_option('client_name')
         files = dict(ca=self.get_option('ca') or os.path.join(pki_dir, 'ca.crt'),
                      cert=self.get_option('cert') or os.path.join(pki_dir, name + '.crt'),
                      key=self.get_option('key') or os.path.join(pki_dir, name + '.key'))
+        files = dict((k, os.path.expanduser(v)) for k, v in files.items())
+        for kind in ('ca', 'cert', 'key'):
+            content = self.get_option(kind + '_content')
+            if content:
+                path = os.path.join(scratch, kind + '.pem')
+                with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), 'w') as handle:
+                    handle.write(content if content.endswith('\n') else content + '\n')
+                files[kind] = path
         return TLSOptions(no_tls=bool(self.get_option('no_tls')), server_name=self.get_option('server_name') or None,
-                          **dict((k, os.path.expanduser(v)) for k, v in files.items()))
+                          **files)
+
+    def _host_vars(self, host):
+        """A host's variables as a play sees them: the inventory's, and (use_vars_plugins) group_vars/ and host_vars/."""
+        variables = combine_vars(get_group_vars(host.get_groups()), host.get_vars())
+        if self.get_option('use_vars_plugins'):
+            sources = getattr(self.inventory, 'processed_sources', [])
+            variables = combine_vars(variables, get_vars_from_inventory_sources(self.loader, sources, host.get_groups(),
+                                                                                'all'))
+            variables = combine_vars(variables, get_vars_from_inventory_sources(self.loader, sources, [host], 'all'))
+        return variables
 
     def _agents(self, inventory_rules):
         """[(address, inventory host or None, expected node or None)] of the agents to ask."""
@@ -199,7 +266,7 @@ class InventoryModule(BaseInventoryPlugin):
                                      'first (-i inventory.ini -i %s) or set nodes' % (group, os.path.basename(self._path)))
         agents = []
         for host in self.inventory.groups[group].get_hosts():
-            variables = combine_vars(get_group_vars(host.get_groups()), host.get_vars())
+            variables = self._host_vars(host)
             picked = dict((name, variables.get(name)) for name in (inventory_rules.HOST_VARIABLE,
                                                                    inventory_rules.PORT_VARIABLE))
             address = inventory_rules.agent_address(host.name, picked, **default_port)
@@ -211,38 +278,88 @@ class InventoryModule(BaseInventoryPlugin):
         self._path = path
         self._read_config_data(path)
         client, inventory_rules, TLSOptions = self._core()
+        agents = self._agents_or_fail(inventory_rules)
+        if not agents:
+            return
+        cache_key = self.get_cache_key(path)
+        use_cache = self.get_option('cache') and cache
+        answer = None
+        if use_cache:
+            try:
+                answer = self._cache[cache_key]
+            except KeyError:
+                answer = None
+            if answer is not None and answer.get('agents') != [list(agent) for agent in agents]:
+                answer = None                   # the hosts or their addresses changed: ask again
+        if answer is None:
+            answer = self._ask(client, TLSOptions, agents)
+            if self.get_option('cache'):
+                self._cache[cache_key] = answer
+        self._populate(answer, inventory_rules)
+
+    def _agents_or_fail(self, inventory_rules):
         try:
-            agents = self._agents(inventory_rules)
-            if not agents:
-                return
+            return self._agents(inventory_rules)
+        except AnsibleParserError:
+            raise
+        except Exception as exc:   # the core's one-line errors: a bad address
+            raise AnsibleParserError('straggler.fleet.jobs: %s' % exc)
+
+    def _ask(self, client, TLSOptions, agents):
+        """Every agent's answer, as plain data (what the cache keeps): the agents asked, each one's status,
+        the combined table."""
+        scratch = tempfile.mkdtemp(prefix='straggler-jobs-')
+        try:
             expected = dict((address, node) for address, dummy, node in agents if node)
             sql = JOBS_SQL.format(running='' if self.get_option('include_exited') else ' AND exited IS NULL')
-            result = client.fleet_query([address for address, dummy, dummy_node in agents], sql, self._tls(TLSOptions),
-                                        timeout_s=self.get_option('timeout'), deadline_s=self.get_option('timeout') * 3,
-                                        clock_samples=0, expected_nodes=expected or None)
-        except Exception as exc:   # the core's one-line errors: a bad address, unusable TLS files
-            if isinstance(exc, AnsibleParserError):
-                raise
+            result = client.fleet_query([address for address, dummy, dummy_node in agents], sql,
+                                        self._tls(TLSOptions, scratch), timeout_s=self.get_option('timeout'),
+                                        deadline_s=self.get_option('timeout') * 3, clock_samples=0,
+                                        expected_nodes=expected or None)
+        except Exception as exc:   # the core's one-line errors: unusable TLS files
             raise AnsibleParserError('straggler.fleet.jobs: %s' % exc)
-        host_of_address = dict((address, host) for address, host, dummy in agents)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return dict(agents=[list(agent) for agent in agents], columns=list(result.columns),
+                    rows=[list(row) for row in result.rows],
+                    nodes=[dict(address=s.address, node=s.node, answered=bool(s.answered), status=s.status,
+                                message=s.message) for s in result.nodes])
+
+    def _populate(self, answer, inventory_rules):
+        host_of_address = dict((address, host) for address, host, dummy in answer['agents'])
         host_of_node = {}
         silent = []
-        for status in result.nodes:
-            if not status.answered:
-                silent.append('%s (%s: %s)' % (host_of_address.get(status.address) or status.address, status.status,
-                                               status.message))
+        for status in answer['nodes']:
+            if not status['answered']:
+                silent.append('%s (%s: %s)' % (host_of_address.get(status['address']) or status['address'],
+                                               status['status'], status['message']))
                 continue
-            host = host_of_address.get(status.address)
+            host = host_of_address.get(status['address'])
             if host is None:                            # nodes: a host named by the node the agent answers as
-                host = self.inventory.add_host(status.node)
-                address, port = inventory_rules.split_address(status.address)
+                host = self.inventory.add_host(status['node'])
+                address, port = inventory_rules.split_address(status['address'])
                 self.inventory.set_variable(host, 'ansible_host', address.strip('[]'))
                 self.inventory.set_variable(host, 'straggler_agent_port', port)
-            host_of_node[status.node] = host
+            host_of_node[status['node']] = host
         if silent:
             self.display.warning('straggler.fleet.jobs: %d agents did not answer, their hosts get no job: %s'
                                  % (len(silent), '; '.join(silent)))
-        self._add_jobs(jobs_of(result.rows, result.columns, host_of_node))
+        self._add_jobs(jobs_of(answer['rows'], answer['columns'], host_of_node))
+        self._construct(sorted(set(host_of_node.values())))
+
+    def _construct(self, hosts):
+        """compose, groups and keyed_groups over each host's variables (Constructable), as the other
+        inventory plugins do."""
+        strict = self.get_option("strict")
+        for name in hosts:
+            host = self.inventory.get_host(name)
+            if host is None:
+                continue
+            variables = self._host_vars(host)
+            self._set_composite_vars(self.get_option('compose'), variables, name, strict=strict)
+            variables = self._host_vars(host)
+            self._add_host_to_composed_groups(self.get_option('groups'), variables, name, strict=strict)
+            self._add_host_to_keyed_groups(self.get_option('keyed_groups'), variables, name, strict=strict)
 
     def _add_jobs(self, jobs):
         self.inventory.add_group(JOBS_GROUP)

@@ -54,6 +54,16 @@ options:
       - Defaults to the extension of O(dest) (C(.csv), C(.md)), else C(json).
     type: str
     choices: [json, csv, markdown]
+  check_nodes:
+    description:
+      - A host answers only for itself, by the same rule as M(straggler.fleet.fleet_query) over HTTPS. The node its
+        agent records must be the one the inventory says it is (the host's C(straggler_agent_node), by default its
+        inventory hostname), every value of a C(node) column it returns must be that name, and two hosts that name one
+        node are both refused. A refused host has status C(wrong-node), no rows, and a message saying why.
+      - Set V(false) only where agents record other names than the inventory says (started by hand with their own
+        C(--node)); a C(node) column of another node and two hosts naming one node are still refused.
+    type: bool
+    default: true
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
@@ -69,10 +79,12 @@ attributes:
   platform:
     platforms: all
 notes:
+  - Privileges - it runs on the controller as the user who runs Ansible and contacts no host; no C(become) needed.
   - "Host statuses: C(ok) (rows), C(empty) (answered with no rows), C(failed), C(unreachable), C(skipped),
     C(missing) (no registered result: the host left the play earlier, or the task did not run on it),
     C(pending) (under C(serial): the host is in a later batch and has not run yet; the aggregate of the last batch
-    holds every batch's rows), C(invalid) (the variable is not a query result)."
+    holds every batch's rows), C(invalid) (the variable is not a query result), C(wrong-node) (it answered as
+    another node, or for another: see O(check_nodes))."
 seealso:
   - module: straggler.fleet.query
   - module: straggler.fleet.fleet_query

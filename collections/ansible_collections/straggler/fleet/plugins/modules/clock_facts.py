@@ -61,6 +61,7 @@ attributes:
   facts:
     support: full
 notes:
+  - Privileges - none; it reads the clocks only (no C(become) needed).
   - Offsets are host minus controller (positive means the host's wall clock is ahead).
   - All times are integer nanoseconds.
 seealso:

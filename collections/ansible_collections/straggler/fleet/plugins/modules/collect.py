@@ -25,6 +25,9 @@ description:
     controller with the same content is left alone, and the task then reports no change.
   - The fetched file is mode 0600 (it holds the host's process command lines). Its content comes from the host
     and is not trusted; M(straggler.fleet.merge) checks it (see its option C(expect_nodes_from_hosts)).
+  - A host's snapshot is at most O(max_bytes). A larger database is refused on the host before it is copied, a
+    larger snapshot before it is fetched, and a fetched file that turns out larger (a host that misreports its
+    size) is removed on the controller; the task then fails, saying the size and the cap, and leaves no file.
   - In check mode nothing is snapshotted or fetched; the task reports what it would fetch and where.
 author:
   - The straggler project (!UNKNOWN)
@@ -37,13 +40,16 @@ options:
   db:
     description:
       - Path of the agent's database on the host.
+      - Unset, the host's C(straggler_agent_db) (the variable the role that installs the agent uses), else
+        C(/var/lib/straggler/straggler.db).
     type: path
     default: /var/lib/straggler/straggler.db
   straggler_bin:
     description:
       - Path of the agent's C(straggler) executable on the host.
-      - When not set, the agent's default install path C(/opt/straggler/venv/bin/straggler) is used;
-        if that is missing, a C(straggler) beside the Python running the module, then one on E(PATH).
+      - Unset, C(bin/straggler) in the host's C(straggler_agent_venv) (the role's install path variable), else the
+        agent's default install path C(/opt/straggler/venv/bin/straggler); if that is missing, a C(straggler) beside
+        the Python running the module, then one on E(PATH).
     type: path
   snapshot_dir:
     description:
@@ -51,6 +57,14 @@ options:
         of the database. The temporary directory is removed after the fetch.
     type: path
     default: /var/tmp
+  max_bytes:
+    description:
+      - The largest snapshot, in bytes, taken from one host. A host whose database or snapshot is larger fails the
+        task (nothing is fetched, nothing is left on the controller); raise it for a host whose database is
+        known to be that large.
+      - The controller checks the fetched file against it too, whatever size the host reported.
+    type: int
+    default: 4294967296
   owner:
     description:
       - User to own the temporary snapshot on the host. The action plugin sets it to the connection's user when
@@ -89,6 +103,11 @@ EXAMPLES = r"""
   straggler.fleet.collect:
     dest: collected/
     snapshot_dir: /srv/scratch
+
+- name: Take at most 1 GiB from each host
+  straggler.fleet.collect:
+    dest: collected/
+    max_bytes: 1073741824
 """
 
 RETURN = r"""
@@ -117,6 +136,11 @@ db:
   returned: always
   type: str
   sample: /var/lib/straggler/straggler.db
+max_bytes:
+  description: The cap on the snapshot's size that applied.
+  returned: always
+  type: int
+  sample: 4294967296
 """
 
 import os
@@ -135,10 +159,21 @@ from ansible_collections.straggler.fleet.plugins.module_utils.agent_cli import (
 )
 
 
-def snapshot_to_temp(module, straggler_bin, db, snapshot_dir, owner=None):
+DEFAULT_MAX_BYTES = 4 << 30
+
+
+def too_large(what, size, max_bytes):
+    """One line saying that `what` of `size` bytes is over the cap, or None when it is not."""
+    if size <= max_bytes:
+        return None
+    return ('%s is %d bytes, more than max_bytes (%d): nothing is fetched from this host; raise max_bytes if '
+            'this host is trusted and its database is that large' % (what, size, max_bytes))
+
+
+def snapshot_to_temp(module, straggler_bin, db, snapshot_dir, owner=None, max_bytes=DEFAULT_MAX_BYTES):
     """Snapshot `db` into a new temporary directory under `snapshot_dir`; returns (path, directory).
 
-    The directory is removed again when the snapshot fails."""
+    The directory is removed again when the snapshot fails or is larger than max_bytes."""
     try:
         directory = tempfile.mkdtemp(prefix='straggler-collect-', dir=snapshot_dir)
     except OSError as exc:
@@ -149,6 +184,9 @@ def snapshot_to_temp(module, straggler_bin, db, snapshot_dir, owner=None):
         run_agent_cli(module, straggler_bin, ['snapshot', '--db', db, '-o', path])
         if not os.path.isfile(path):
             raise AgentCliError('straggler snapshot exited 0 but wrote no %s: is the agent on this host a matching version?' % path)
+        problem = too_large('the snapshot of %s' % db, os.path.getsize(path), max_bytes)
+        if problem:
+            raise AgentCliError(problem)
         if owner:
             try:
                 uid = pwd.getpwnam(owner).pw_uid
@@ -169,25 +207,35 @@ def main():
             db=dict(type='path', default=DEFAULT_DB),
             straggler_bin=dict(type='path'),
             snapshot_dir=dict(type='path', default='/var/tmp'),
+            max_bytes=dict(type='int', default=DEFAULT_MAX_BYTES),
             owner=dict(type='str'),
         ),
         supports_check_mode=True,
     )
     params = module.params
     db = params['db']
+    max_bytes = params['max_bytes']
     try:
+        if max_bytes <= 0:
+            raise AgentCliError('max_bytes must be a positive number of bytes, not %d' % max_bytes)
         problem = privilege_problem(db)
         if problem:
             raise AgentCliError(problem)
         straggler_bin = find_straggler_bin(module, params['straggler_bin'])
         if not os.path.isfile(db):
             raise AgentCliError('no database at %s: is the agent tracing on this host, or set db' % db)
+        # the snapshot holds every page of the database: a database over the cap is refused before it is copied
+        problem = too_large('the database %s' % db, os.path.getsize(db), max_bytes)
+        if problem:
+            raise AgentCliError(problem)
         if module.check_mode:
-            module.exit_json(changed=True, db=db, size=os.path.getsize(db), msg='would snapshot %s and fetch it' % db)
-        path, directory = snapshot_to_temp(module, straggler_bin, db, params['snapshot_dir'], params['owner'])
+            module.exit_json(changed=True, db=db, size=os.path.getsize(db), max_bytes=max_bytes,
+                             msg='would snapshot %s and fetch it' % db)
+        path, directory = snapshot_to_temp(module, straggler_bin, db, params['snapshot_dir'], params['owner'],
+                                           max_bytes)
     except AgentCliError as exc:
-        module.fail_json(msg=str(exc), db=db, rc=exc.rc, stderr=exc.stderr)
-    module.exit_json(changed=True, db=db, remote_path=path, remote_dir=directory,
+        module.fail_json(msg=str(exc), db=db, max_bytes=max_bytes, rc=exc.rc, stderr=exc.stderr)
+    module.exit_json(changed=True, db=db, remote_path=path, remote_dir=directory, max_bytes=max_bytes,
                      checksum=module.digest_from_file(path, 'sha256'), size=os.path.getsize(path))
 
 

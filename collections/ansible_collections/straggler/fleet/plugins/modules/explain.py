@@ -107,6 +107,8 @@ attributes:
   diff_mode:
     support: full
     details: Shows how O(dest), O(markdown) and O(junit) change with C(--diff).
+notes:
+  - Privileges - it runs on the controller as the user who runs Ansible and contacts no host; no C(become) needed.
 seealso:
   - module: straggler.fleet.merge
   - module: straggler.fleet.fleet_query

@@ -76,6 +76,8 @@ attributes:
   check_mode:
     support: full
     details: Reports what it would write; writes nothing.
+notes:
+  - Privileges - it runs on the controller as the user who runs Ansible and contacts no host; no C(become) needed.
 seealso:
   - module: straggler.fleet.merge
   - module: straggler.fleet.explain

@@ -101,6 +101,7 @@ attributes:
     support: full
     details: Shows how O(dest) changes with C(--diff).
 notes:
+  - Privileges - it runs on the controller and asks the agents over HTTPS with the controller's client certificate; no C(become) needed.
   - "Node statuses: C(ok), C(empty) (answered, no rows), C(sql-error), C(tls-error), C(forbidden) (the client
     certificate lacks the role), C(refused), C(timeout), C(truncated) (the answer ended short), C(unreachable)."
   - Offsets are node realtime minus controller realtime, in ns, with half the shortest round trip as uncertainty.

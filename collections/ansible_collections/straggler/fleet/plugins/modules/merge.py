@@ -70,7 +70,8 @@ options:
       - Inventory hostnames whose collected file C(<inventory_hostname>.db) (as M(straggler.fleet.collect) names
         it) must hold exactly the host's node, which is its C(straggler_agent_node) variable, else its inventory hostname.
         An input holding another node is refused.
-      - Inputs whose file name is not one of these hosts are not checked.
+      - Every input must then be one of these hosts' files or be named in O(expect_nodes); another input is refused
+        (the node it holds could not be checked), before anything is merged.
     type: list
     elements: str
   expect_nodes:
@@ -91,6 +92,8 @@ attributes:
   check_mode:
     support: full
     details: Lists the inputs and offsets; writes nothing.
+notes:
+  - Privileges - it runs on the controller as the user who runs Ansible and contacts no host; no C(become) needed.
 seealso:
   - module: straggler.fleet.collect
   - module: straggler.fleet.clock_facts

@@ -63,6 +63,8 @@ attributes:
   check_mode:
     support: full
     details: Reads and checks; changes nothing.
+notes:
+  - Privileges - it runs on the controller as the user who runs Ansible and contacts no host; no C(become) needed.
 seealso:
   - module: straggler.fleet.fleet_query
 """

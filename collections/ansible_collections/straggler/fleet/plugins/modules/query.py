@@ -38,6 +38,8 @@ options:
   db:
     description:
       - Path of the agent's database on the host.
+      - Unset, the host's C(straggler_agent_db) (the variable the role that installs the agent uses), else
+        the default below; so an ad hoc command reads the same database as the playbooks.
     type: path
     default: /var/lib/straggler/straggler.db
   limit:
@@ -55,8 +57,9 @@ options:
   straggler_bin:
     description:
       - Path of the agent's C(straggler) executable on the host.
-      - When not set, the agent's default install path C(/opt/straggler/venv/bin/straggler) is used;
-        if that is missing, a C(straggler) beside the Python running the module, then one on E(PATH).
+      - Unset, C(bin/straggler) in the host's C(straggler_agent_venv) (the role's install path variable), else the
+        agent's default install path C(/opt/straggler/venv/bin/straggler); if that is missing, a C(straggler) beside
+        the Python running the module, then one on E(PATH).
     type: path
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
@@ -69,6 +72,8 @@ attributes:
   platform:
     platforms: posix
 notes:
+  - "Privileges - the agent's database is root's: run the task as root with C(become) (C(-b) ad hoc, C(become: true)
+    in a play); without it the task fails saying so."
   - A rejected query (a write, an C(ATTACH), a syntax error, a timeout) fails the task with the agent's
     one-line reason as the task's message.
   - Rows are lists in the order of RV(columns). Integers stay integers (nanosecond timestamps included).
@@ -97,8 +102,9 @@ EXAMPLES = r"""
     dest: results/allreduce.md
     format: markdown
 
-# Ad hoc, the same SQL on every host of the group:
-#   ansible gpu -m straggler.fleet.query -a "sql='SELECT count(*) FROM events'"
+# Ad hoc, the same SQL on every host of the group, as root (the agent's database is root's); the host's
+# straggler_agent_db and straggler_agent_venv apply as in the playbooks:
+#   ansible gpu -b -m straggler.fleet.query -a "sql='SELECT count(*) FROM events'"
 """
 
 RETURN = r"""
@@ -140,6 +146,8 @@ db:
   type: str
   sample: /var/lib/straggler/straggler.db
 """
+
+import os
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -183,6 +191,9 @@ def run_query(module):
     problem = privilege_problem(params['db'])
     if problem:
         raise AgentCliError(problem)
+    if not os.path.exists(params['db']):
+        raise AgentCliError('no database at %s on this host: is the agent tracing here (playbooks/trace.yml)? Set the '
+                            'task\'s db option, or the host\'s straggler_agent_db' % params['db'])
     straggler_bin = find_straggler_bin(module, params['straggler_bin'])
     stdout, dummy = run_agent_cli(module, straggler_bin,
                                   build_query_arguments(params['db'], params['sql'], params['limit'], params['timeout']))

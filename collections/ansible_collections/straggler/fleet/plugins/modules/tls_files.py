@@ -60,6 +60,7 @@ attributes:
   platform:
     platforms: posix
 notes:
+  - Privileges - writing into C(/etc/straggler/tls) and setting O(owner) and O(group) needs root on the host (C(become)).
   - The contents are written exactly as given (use C(lookup('ansible.builtin.file', PATH, rstrip=false)) to keep a
     PEM file's last newline, or every run reports a change).
 seealso:

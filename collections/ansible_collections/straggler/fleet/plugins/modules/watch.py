@@ -87,6 +87,7 @@ attributes:
       In check mode nothing is watched and the task is reported as skipped: a watch would only read the agents,
       and would take O(duration) seconds to do it. The options are still checked.
 notes:
+  - Privileges - it runs on the controller and asks the agents over HTTPS with the controller's client certificate; no C(become) needed.
   - Each event returned and written carries the controller's wall clock (C(time)) and monotonic clock (C(mono_ns)).
   - Run the task with C(-v) to see the events as they happen.
 seealso:

@@ -69,7 +69,7 @@ def _judged(host, registered, active_hosts, batch_hosts=None):
     return entry
 
 
-def aggregate(hosts, registered_by_host, active_hosts=None, batch_hosts=None):
+def aggregate(hosts, registered_by_host, active_hosts=None, batch_hosts=None, expected_nodes=None):
     """One table from every host's registered query result.
 
     hosts: inventory hostnames in the order rows should appear.
@@ -77,10 +77,14 @@ def aggregate(hosts, registered_by_host, active_hosts=None, batch_hosts=None):
     active_hosts: the hosts still in the play (to explain a missing result), or None.
     batch_hosts: the hosts of the current batch under `serial` (the others still in the play are
     pending, not missing), or None.
+    expected_nodes: host -> the node name its agent records (straggler_agent_node, by default the
+    inventory hostname), or None to take each host's own word: either way a host answers only for
+    itself, and two hosts naming one node are both refused (the core's identity rule, status wrong-node).
 
     Returns dict(columns, rows, hosts, missing, pending, row_count), the table by the core's
     combine_answers (see the module docstring); a host whose columns differ keeps its rows and
     its status message says how."""
+    combine = import_core('fleet.combine')
     statuses = []
     answering = []
     for host in hosts:
@@ -88,9 +92,20 @@ def aggregate(hosts, registered_by_host, active_hosts=None, batch_hosts=None):
         status = host_status(host, registered, active_hosts, batch_hosts)
         statuses.append(status)
         if status['answered']:
-            answering.append((status, [str(column) for column in (registered.get('columns') or [])],
-                              registered.get('rows') or []))
-    combine_answers = import_core('fleet.combine').combine_answers
+            columns = [str(column) for column in (registered.get('columns') or [])]
+            problem = combine.identity_problem('host %s' % host, registered.get('node'),
+                                               (expected_nodes or {}).get(host), columns, registered.get('rows') or [])
+            if problem:
+                _refuse(status, problem)
+                continue
+            answering.append((status, columns, registered.get('rows') or []))
+    shared = combine.shared_names([(status['host'], status['node']) for status, dummy, dummy_rows in answering])
+    for node, holders in shared.items():
+        for status, dummy, dummy_rows in answering:
+            if status['host'] in holders:
+                _refuse(status, combine.shared_name_message(node, ['host %s' % host for host in holders]))
+    answering = [entry for entry in answering if entry[0]['answered']]
+    combine_answers = combine.combine_answers
     out_columns, rows, notes = combine_answers([(status['node'], columns, host_rows)
                                                 for status, columns, host_rows in answering])
     for (status, dummy, dummy_rows), note in zip(answering, notes):
@@ -99,6 +114,12 @@ def aggregate(hosts, registered_by_host, active_hosts=None, batch_hosts=None):
     missing = [status['host'] for status in statuses if not status['answered'] and status['status'] != 'pending']
     pending = [status['host'] for status in statuses if status['status'] == 'pending']
     return dict(columns=out_columns, rows=rows, hosts=statuses, missing=missing, pending=pending, row_count=len(rows))
+
+
+def _refuse(status, message):
+    """A host's answer refused by the identity rule: wrong-node, its rows dropped, the reason."""
+    status.update(status='wrong-node', message=message, row_count=0, truncated=False, answered=False,
+                  node=status['host'])
 
 
 HOST_STATUS_COLUMNS = ['host', 'node', 'status', 'rows', 'message']

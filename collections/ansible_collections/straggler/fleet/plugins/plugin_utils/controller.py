@@ -202,3 +202,35 @@ def write_if_changed(path, text, check_mode=False, diff=None):
     except OSError as exc:
         raise AnsibleActionFail('cannot write %s: %s; check that its directory is writable' % (path, exc)) from None
     return True
+
+
+# A module option the host's agent variables give when a task leaves it unset (the roles install the agent by
+# them): option -> (host variable, how the option is made of it). An ad hoc command reads what a playbook reads.
+AGENT_DEFAULTS = (
+    ('db', 'straggler_agent_db', lambda value: value),
+    ('straggler_bin', 'straggler_agent_venv', lambda value: value.rstrip('/') + '/bin/straggler'),
+)
+
+
+def with_agent_defaults(args, host_value):
+    """The module's arguments: `args`, and for each option of AGENT_DEFAULTS left unset, the host's variable
+    (host_value(name) -> its value, or None) made into it."""
+    args = dict(args)
+    for option, variable, make in AGENT_DEFAULTS:
+        if args.get(option) in (None, ''):
+            value = host_value(variable)
+            if value not in (None, ''):
+                args[option] = make(str(value))
+    return args
+
+
+def host_value_of(task_vars, templar):
+    """host_value(name) for with_agent_defaults: the host's variable templated, None when unset or broken."""
+    def host_value(name):
+        if name not in task_vars:
+            return None
+        try:
+            return templar.template(task_vars[name])
+        except Exception:  # an undefined or broken variable: as if unset (the module's default applies)
+            return None
+    return host_value

@@ -37,7 +37,7 @@ TEXT_OPTIONS = ('sql',)
 COLLECTION_VARIABLES = (
     'straggler_target', 'straggler_sql', 'straggler_transport', 'straggler_limit', 'straggler_results_dir',
     'straggler_out', 'straggler_cluster_db', 'straggler_diagnose_watch', 'straggler_pki_dir',
-    'straggler_pki_client_name', 'straggler_since', 'straggler_until',
+    'straggler_pki_client_name', 'straggler_since', 'straggler_until', 'straggler_serial',
 )
 ROLE_PREFIXES = ('straggler_agent_', 'straggler_pki_')
 # Variables Ansible itself, AWX/AAP and ansible-runner put among the extra vars, or that mean
@@ -101,6 +101,21 @@ def command_line_vars(arguments, loader):
             else:
                 merged[to_text(key)] = value
     return merged
+
+
+def split_by_ansible(arguments):
+    """The names Ansible's own split of the `-e` key=value arguments made variables of (a word of
+    `-e sql=... target='x'` among them), for telling those apart from the names typed as options."""
+    names = set()
+    for argument in arguments or ():
+        argument = to_text(argument, errors='surrogate_or_strict')
+        if not argument or argument[0] in '@[{':
+            continue
+        try:
+            names.update(to_text(key) for key in parse_kv(argument) if key != RAW_WORDS)
+        except Exception:  # unreadable: command_line_vars says so
+            continue
+    return names
 
 
 def option_names(options):

@@ -74,10 +74,49 @@ def test_other_registered_values_get_a_status(registered, status):
 
 
 def hostvars_task_vars(**registered):
-    hostvars = dict((host, dict(straggler_query=value)) for host, value in registered.items())
+    # each host's agent records the node its inventory says (straggler_agent_node), as the agent role sets it
+    hostvars = dict((host, dict(straggler_query=value,
+                                straggler_agent_node=(value.get('node') if isinstance(value, dict) else None) or host))
+                    for host, value in registered.items())
     hostvars['ghost'] = {}
     hosts = list(registered) + ['ghost']
     return dict(hostvars=hostvars, ansible_play_hosts_all=hosts, ansible_play_hosts=list(registered))
+
+
+def test_a_host_answering_as_another_node_or_for_one_is_refused_with_its_reason():
+    impostor = dict(OK_B, node='node-a')
+    table = aggregate(['a', 'b'], dict(a=OK_A, b=impostor), expected_nodes=dict(a='node-a', b='node-b'))
+    statuses = dict((entry['host'], entry) for entry in table['hosts'])
+    assert table['rows'] == [['node-a', 'x', 1], ['node-a', 'y', 2]]            # only a's own rows
+    assert statuses['b']['status'] == 'wrong-node' and statuses['b']['row_count'] == 0
+    assert statuses['b']['message'] == ("host b answered as node 'node-a', but it is node-b; refusing its answer: a "
+                                        "node cannot answer as another")
+    assert table['missing'] == ['b']
+    forged = dict(node='node-b', columns=['node', 'n'], rows=[['node-b', 1], ['node-a', 2]])
+    table = aggregate(['a', 'b'], dict(a=OK_A, b=forged), expected_nodes=dict(a='node-a', b='node-b'))
+    assert table['rows'] == [['node-a', 'x', 1], ['node-a', 'y', 2]]
+    assert table['hosts'][1]['status'] == 'wrong-node' and "rows of node 'node-a'" in table['hosts'][1]['message']
+
+
+def test_two_hosts_naming_one_node_are_both_refused():
+    """Without the inventory's word (expected_nodes None) a host is taken at its own, but never two at one name."""
+    table = aggregate(['a', 'b', 'c'], dict(a=OK_A, b=dict(OK_B, node='node-a'), c=EMPTY_C))
+    statuses = [(entry['host'], entry['status']) for entry in table['hosts']]
+    assert statuses == [('a', 'wrong-node'), ('b', 'wrong-node'), ('c', 'empty')]
+    assert table['rows'] == [] and table['missing'] == ['a', 'b']
+    assert table['hosts'][0]['message'] == ('host a, host b all answered as node node-a; refusing each: a node cannot '
+                                            'answer as another (give each agent its own --node, or say which node '
+                                            'each address is)')
+
+
+def test_the_action_checks_each_host_against_its_inventory_node_unless_told(action_factory):
+    task_vars = hostvars_task_vars(a=OK_A, b=OK_B)
+    task_vars['hostvars']['b']['straggler_agent_node'] = 'node-z'        # the inventory says b is node-z
+    result = action_factory(ActionModule, {}).run(task_vars=task_vars)
+    assert result['rows'] == [['node-a', 'x', 1], ['node-a', 'y', 2]] and result['missing'] == ['b', 'ghost']
+    assert [h['status'] for h in result['hosts']][:2] == ['ok', 'wrong-node']
+    result = action_factory(ActionModule, dict(check_nodes=False)).run(task_vars=task_vars)
+    assert result['missing'] == ['ghost'] and len(result['rows']) == 3
 
 
 def test_action_gathers_every_host_of_the_play(action_factory):
@@ -91,7 +130,7 @@ def test_action_gathers_every_host_of_the_play(action_factory):
 
 
 def test_action_reads_the_named_variable_and_the_given_hosts(action_factory):
-    task_vars = dict(hostvars=dict(a=dict(other=OK_B)), ansible_play_hosts_all=['localhost'])
+    task_vars = dict(hostvars=dict(a=dict(other=OK_B, straggler_agent_node='node-b')), ansible_play_hosts_all=['localhost'])
     result = ActionModule.run(action_factory(ActionModule, dict(results='other', hosts=['a'])), task_vars=task_vars)
     assert result['rows'] == [['node-b', 'x', 7]] and result['missing'] == []
 

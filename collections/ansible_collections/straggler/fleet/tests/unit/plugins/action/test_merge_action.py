@@ -115,3 +115,19 @@ def test_merge_reports_changed_only_when_the_output_changed(action_factory, coll
     make_node_db(collected / 'gpu3.db', node='gpu3')
     assert action_factory(ActionModule, dict(other)).run(task_vars={})['changed'] is True
     assert action_factory(ActionModule, dict(other)).run(task_vars={})['changed'] is False
+
+
+def test_with_the_hosts_named_every_file_merged_is_one_of_theirs_or_named(action_factory, collected, tmp_path):
+    """A file no host of expect_nodes_from_hosts is known for could hold any node: refused, not merged unchecked."""
+    stray = make_node_db(tmp_path / 'stray.db', node='gpu9')
+    dest = tmp_path / 'cluster.db'
+    args = dict(src=[str(collected), str(stray)], dest=str(dest), expect_nodes_from_hosts=['gpu1', 'gpu2'])
+    with pytest.raises(AnsibleActionFail, match='stray.db: no host of expect_nodes_from_hosts is known for it'):
+        action_factory(ActionModule, args).run(task_vars={})
+    assert not dest.exists()
+    result = action_factory(ActionModule, dict(args, expect_nodes={str(stray): 'gpu9'})).run(task_vars={})
+    assert sorted(result['nodes']) == ['gpu1', 'gpu2', 'gpu9']
+    impostor = make_node_db(tmp_path / 'gpu3.db', node='gpu1-copy')
+    with pytest.raises(AnsibleActionFail, match='gpu3'):
+        action_factory(ActionModule, dict(src=[str(collected), str(impostor)], dest=str(tmp_path / 'c2.db'),
+                                          expect_nodes_from_hosts=['gpu1', 'gpu2', 'gpu3'])).run(task_vars={})

@@ -77,7 +77,7 @@ def over_ssh(sql, dbs, run_module, straggler_bin, action_factory):
     for name in NODES:
         code, registered = run_module(query.main, dict(sql=sql, db=dbs[name], straggler_bin=straggler_bin))
         assert code == 0, registered
-        hostvars['host-' + name] = dict(straggler_query=registered)
+        hostvars['host-' + name] = dict(straggler_query=registered, straggler_agent_node=name)   # as the agent role sets it
     task_vars = dict(hostvars=hostvars, ansible_play_hosts_all=list(hostvars), ansible_play_hosts=list(hostvars))
     return action_factory(AggregateAction, {}).run(task_vars=task_vars)
 

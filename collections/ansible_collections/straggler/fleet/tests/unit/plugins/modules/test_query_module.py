@@ -60,6 +60,8 @@ def test_a_missing_database_fails_with_what_to_do(run_module, tmp_path, straggle
     code, result = run_module(query.main, dict(sql='SELECT 1', db=str(tmp_path / 'nope.db'), straggler_bin=straggler_bin))
     assert code == 1
     assert 'nope.db' in result['msg'] and '\n' not in result['msg']
+    # what to do in the module's words (its option, the host's variable), not the command line's (--db PATH)
+    assert "db option" in result['msg'] and 'straggler_agent_db' in result['msg'] and '--db' not in result['msg']
 
 
 def test_a_missing_agent_cli_fails_naming_the_option(run_module, node_db, tmp_path):
