@@ -10,9 +10,10 @@ This module must not import anything else from straggler.
 """
 import sqlite3
 
-SCHEMA_VERSION = 4   # 2: thread_time (the step-time model's per-thread summaries); 3: gpus, gpu_samples,
+SCHEMA_VERSION = 5   # 2: thread_time (the step-time model's per-thread summaries); 3: gpus, gpu_samples,
                      # gpu_processes, gpu_errors (the devices' own word: NVML and the kernel's Xid errors);
-                     # 4: thread_rollup (thread_time per minute, with its spread: explain over long traces)
+                     # 4: thread_rollup (thread_time per minute, with its spread: explain over long traces);
+                     # 5: net_samples, rdma_samples, net_flows (the network: links, RDMA ports, TCP flows)
 
 # thread_time's columns, which thread_rollup sums per minute (ts: a summary's or a minute's start, ns
 # monotonic)
@@ -227,6 +228,98 @@ CREATE INDEX IF NOT EXISTS gpu_errors_ts ON gpu_errors(ts);
 -- a GPU's last Xid (/metrics: DCGM_FI_DEV_XID_ERRORS) without reading the others'
 CREATE INDEX IF NOT EXISTS gpu_errors_node_gpu_ts ON gpu_errors(node, gpu, ts);
 
+-- The node's network interfaces (/sys/class/net/IFACE), one row per interface per sampling interval
+-- (trace --net-interval, default 1 s). Counters marked 'cumulative' count since the interface came up
+-- (or the driver loaded): take differences between rows for a rate. A value the interface does not
+-- report (a virtual interface has no speed) is NULL.
+CREATE TABLE IF NOT EXISTS net_samples (
+    node             TEXT    NOT NULL,
+    ts               INTEGER NOT NULL,     -- when read, ns monotonic
+    iface            TEXT    NOT NULL,     -- interface name, e.g. 'ens1f0', 'ib0', 'eth0'
+    operstate        TEXT,                 -- 'up', 'down', 'lowerlayerdown', 'dormant', 'unknown', ...
+    carrier          INTEGER,              -- 1: the link is up (carrier), 0: down
+    speed_mbps       INTEGER,              -- negotiated speed now, Mb/s
+    speed_max_mbps   INTEGER,              -- the most the interface's link modes allow, Mb/s (ethtool), when known
+    duplex           TEXT,                 -- 'full' | 'half'
+    mtu              INTEGER,
+    carrier_changes  INTEGER,              -- cumulative: link up and down transitions
+    rx_bytes         INTEGER,              -- cumulative
+    tx_bytes         INTEGER,              -- cumulative
+    rx_packets       INTEGER,              -- cumulative
+    tx_packets       INTEGER,              -- cumulative
+    rx_errors        INTEGER,              -- cumulative: receive errors of any kind
+    tx_errors        INTEGER,              -- cumulative
+    rx_dropped       INTEGER,              -- cumulative: received, then dropped (no buffer, filtered)
+    tx_dropped       INTEGER,              -- cumulative
+    rx_crc_errors    INTEGER,              -- cumulative: frames with a bad checksum (a bad cable or optic)
+    rx_missed_errors INTEGER,              -- cumulative: frames the NIC had no room for
+    tx_carrier_errors INTEGER              -- cumulative: transmit failures for lost carrier
+);
+CREATE INDEX IF NOT EXISTS net_samples_ts ON net_samples(ts);
+CREATE INDEX IF NOT EXISTS net_samples_node_iface_ts ON net_samples(node, iface, ts);
+
+-- RDMA ports (/sys/class/infiniband/DEVICE/ports/PORT), sampled with the interfaces. The port's
+-- traffic itself bypasses the kernel and is not traced: these counters are what the agent sees of it.
+-- Counter names are the InfiniBand PortCounters' (as sysfs spells them); 'cumulative' as above.
+CREATE TABLE IF NOT EXISTS rdma_samples (
+    node                TEXT    NOT NULL,
+    ts                  INTEGER NOT NULL,  -- when read, ns monotonic
+    device              TEXT    NOT NULL,  -- e.g. 'mlx5_0'
+    port                INTEGER NOT NULL,  -- port number, from 1
+    netdev              TEXT,              -- the network interface on this port, when the driver says
+    state               TEXT,              -- 'ACTIVE', 'DOWN', 'INIT', 'ARMED'
+    phys_state          TEXT,              -- 'LinkUp', 'Polling', 'Disabled', ...
+    rate_gbps           REAL,              -- the port's rate now, Gb/s
+    link_layer          TEXT,              -- 'InfiniBand' | 'Ethernet' (RoCE)
+    port_xmit_data      INTEGER,           -- cumulative, in 4-byte words (the InfiniBand unit)
+    port_rcv_data       INTEGER,           -- cumulative, in 4-byte words
+    port_xmit_packets   INTEGER,           -- cumulative
+    port_rcv_packets    INTEGER,           -- cumulative
+    port_xmit_wait      INTEGER,           -- cumulative: ticks the port had data to send and no credit (congestion)
+    port_xmit_discards  INTEGER,           -- cumulative
+    port_rcv_errors     INTEGER,           -- cumulative
+    port_rcv_remote_physical_errors INTEGER, -- cumulative
+    symbol_error        INTEGER,           -- cumulative: bad symbols on the wire (a bad cable or optic)
+    link_error_recovery INTEGER,           -- cumulative: the link retrained
+    link_downed         INTEGER,           -- cumulative: the link went down
+    local_link_integrity_errors INTEGER,   -- cumulative
+    excessive_buffer_overrun_errors INTEGER -- cumulative
+);
+CREATE INDEX IF NOT EXISTS rdma_samples_ts ON rdma_samples(ts);
+CREATE INDEX IF NOT EXISTS rdma_samples_node_device_port_ts ON rdma_samples(node, device, port, ts);
+
+-- The TCP traffic of the traced processes, per interval (trace --interval) and connection, from
+-- tracepoints only (sock:sock_send_length, sock:sock_recv_length, tcp:tcp_probe,
+-- tcp:tcp_retransmit_skb, sock:inet_sock_set_state). A connection with nothing in an interval has
+-- no row for it.
+CREATE TABLE IF NOT EXISTS net_flows (
+    node          TEXT    NOT NULL,
+    ts            INTEGER NOT NULL,        -- the interval's start, ns monotonic
+    interval_ns   INTEGER NOT NULL,
+    pid           INTEGER,                 -- the process that sent or received on it (tgid)
+    rank          INTEGER,                 -- its torchrun RANK, NULL if unknown
+    family        INTEGER,                 -- 4 | 6
+    local_addr    TEXT,                    -- '10.0.0.11'
+    local_port    INTEGER,
+    peer_addr     TEXT,                    -- the other end, '10.0.0.12'
+    peer_port     INTEGER,
+    iface         TEXT,                    -- the interface the route to the peer leaves by, when known
+    tx_bytes      INTEGER NOT NULL DEFAULT 0,  -- bytes the process handed to the socket
+    rx_bytes      INTEGER NOT NULL DEFAULT 0,  -- bytes it read from it
+    tx_calls      INTEGER NOT NULL DEFAULT 0,
+    rx_calls      INTEGER NOT NULL DEFAULT 0,
+    retransmits   INTEGER NOT NULL DEFAULT 0,  -- packets the kernel sent again (one may hold several segments)
+    rtt_samples   INTEGER NOT NULL DEFAULT 0,  -- tcp_probe readings in the interval
+    srtt_us       INTEGER,                 -- smoothed round-trip time, mean over the readings, us
+    srtt_max_us   INTEGER,                 -- its highest reading, us
+    cwnd_min      INTEGER,                 -- the congestion window's lowest reading, segments
+    opened        INTEGER NOT NULL DEFAULT 0,  -- the connection became ESTABLISHED
+    closed        INTEGER NOT NULL DEFAULT 0,  -- it closed (or was reset)
+    errors        INTEGER NOT NULL DEFAULT 0   -- send or receive calls that failed
+);
+CREATE INDEX IF NOT EXISTS net_flows_ts ON net_flows(ts);
+CREATE INDEX IF NOT EXISTS net_flows_node_ts ON net_flows(node, ts);
+
 -- (monotonic, realtime) pairs read back to back, so any ts converts to wall-clock time.
 CREATE TABLE IF NOT EXISTS clock_pairs (
     node    TEXT    NOT NULL,
@@ -298,6 +391,21 @@ GPU_SAMPLE_COLUMNS = (
     "pcie_rx_kb_s", "nvlink_links", "nvlink_replay_errors", "nvlink_recovery_errors", "nvlink_crc_errors",
     "ecc_corrected", "ecc_uncorrected", "remapped_rows_corrected", "remapped_rows_uncorrected", "remap_pending",
     "remap_failure", "read_error")
+
+# The columns of a net_samples, rdma_samples and net_flows row, in the order the agent writes them.
+NET_SAMPLE_COLUMNS = (
+    "node", "ts", "iface", "operstate", "carrier", "speed_mbps", "speed_max_mbps", "duplex", "mtu", "carrier_changes",
+    "rx_bytes", "tx_bytes", "rx_packets", "tx_packets", "rx_errors", "tx_errors", "rx_dropped", "tx_dropped",
+    "rx_crc_errors", "rx_missed_errors", "tx_carrier_errors")
+RDMA_SAMPLE_COLUMNS = (
+    "node", "ts", "device", "port", "netdev", "state", "phys_state", "rate_gbps", "link_layer", "port_xmit_data",
+    "port_rcv_data", "port_xmit_packets", "port_rcv_packets", "port_xmit_wait", "port_xmit_discards", "port_rcv_errors",
+    "port_rcv_remote_physical_errors", "symbol_error", "link_error_recovery", "link_downed",
+    "local_link_integrity_errors", "excessive_buffer_overrun_errors")
+NET_FLOW_COLUMNS = (
+    "node", "ts", "interval_ns", "pid", "rank", "family", "local_addr", "local_port", "peer_addr", "peer_port", "iface",
+    "tx_bytes", "rx_bytes", "tx_calls", "rx_calls", "retransmits", "rtt_samples", "srtt_us", "srtt_max_us", "cwnd_min",
+    "opened", "closed", "errors")
 
 # Views for the common questions (read-only convenience; users may write the SQL themselves).
 VIEWS = """

@@ -47,11 +47,16 @@ TABLE_INSERTS = {
                      "last_seen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
     "gpu_errors": "INSERT INTO gpu_errors(node, ts, gpu, pci_bus_id, uuid, xid, meaning, pid, process, gpu_instance, "
                   "compute_instance, origin, kmsg_seq, message) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    # the network (straggler.network and the net probe): the schema's *_COLUMNS are the orders
+    **{table: f"INSERT INTO {table}(" + ", ".join(columns) + ") VALUES (" + ", ".join(["?"] * len(columns)) + ")"
+       for table, columns in (("net_samples", schema.NET_SAMPLE_COLUMNS), ("rdma_samples", schema.RDMA_SAMPLE_COLUMNS),
+                              ("net_flows", schema.NET_FLOW_COLUMNS))},
 }
 # tables cut by retention, with their time column
 RETAINED = (("events", "ts"), ("aggregates", "ts"), ("thread_time", "ts"), ("thread_rollup", "ts"), ("lost_events", "ts"),
             ("agent_cost", "ts"),
-            ("clock_pairs", "mono_ns"), ("gpu_samples", "ts"), ("gpu_errors", "ts"))
+            ("clock_pairs", "mono_ns"), ("gpu_samples", "ts"), ("gpu_errors", "ts"), ("net_samples", "ts"),
+            ("rdma_samples", "ts"), ("net_flows", "ts"))
 MIN_MAX_DB = 1 << 20
 
 

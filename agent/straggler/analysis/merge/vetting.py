@@ -31,7 +31,8 @@ NODE_META_PREFIX = "node."         # a merged database keeps each node's own met
 
 # The node tables merge reads and copies (all carry a node column), in dependency-free order.
 NODE_TABLES = ("clock_pairs", "clock_offsets", "processes", "probes", "lost_events", "agent_cost",
-               "aggregates", "thread_time", "gpus", "gpu_samples", "gpu_processes", "gpu_errors", "events")
+               "aggregates", "thread_time", "gpus", "gpu_samples", "gpu_processes", "gpu_errors", "net_samples",
+               "rdma_samples", "net_flows", "events")
 # Everything merge reads from an input: each must be a plain table (or absent, for NODE_TABLES).
 READ_OBJECTS = ("meta",) + NODE_TABLES
 SQLITE_HEADER = b"SQLite format 3\x00"
