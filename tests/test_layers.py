@@ -28,7 +28,7 @@ LAYERS = (
     ("errors", "text", "defaults", "durations", "addresses"),
     ("clock", "probes"),
     ("store",),
-    ("devices",),                   # the GPUs' and the kernel's word, written into the store's device tables
+    ("devices", "network"),         # the GPUs', the kernel's and the links' word, written into the store's tables
     ("tls", "pki"),
     ("api", "fleet"),
     ("agent",),                     # the trace daemon
