@@ -1,7 +1,8 @@
 /*
- * Shared by cuda.c, sched.c and block.c, which the agent compiles together as ONE BCC program
- * (so the maps below are shared). Reads only tracepoint fields, uprobe registers/user stack and
- * BPF helpers: never kernel structs (the headers on the test machines do not match the kernel).
+ * Shared by cuda.c, sched.c, block.c and net.c, which the agent compiles together as ONE BCC
+ * program (so the maps below are shared; net.c only where the kernel has its tracepoints). Reads
+ * only tracepoint fields, uprobe registers/user stack and BPF helpers: never kernel structs (the
+ * headers on the test machines do not match the kernel).
  *
  * The Python side (agent/straggler/probes/) mirrors every constant and struct here; change
  * both together.
@@ -34,14 +35,17 @@
 #define HIT_SCHED 2
 #define HIT_BLOCK 3
 #define HIT_PROC 4
-#define NHITS 5
+#define HIT_NET 5
+#define NHITS 6
 
-/* indexes into lost[] (ring buffer full, or a map full): one per ring-buffer writer */
+/* indexes into lost[] (ring buffer full, or a map full): one per ring-buffer writer, and net.c's
+ * connection table */
 #define LOST_CALLS 0
 #define LOST_SCHED 1
 #define LOST_BLOCK 2
 #define LOST_PROC 3
-#define NLOST 4
+#define LOST_NET 4
+#define NLOST 5
 
 /* One fixed-size record for every kind, so user space parses a batch with one struct format.
  * Field meaning per kind:

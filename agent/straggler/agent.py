@@ -59,6 +59,10 @@ class AgentOptions:
     metrics_any_address: bool = False
     gpu: bool = True                    # read the GPUs (NVML) and the kernel's Xid errors (straggler.devices)
     gpu_interval_s: float = 1.0         # sample every GPU this often (gpu_samples)
+    net: bool = True                    # read the network interfaces and RDMA ports (straggler.network)
+    net_interval_s: float = 1.0         # sample them this often (net_samples, rdma_samples)
+    sysfs_root: str = "/sys"            # where sysfs is (a stand-in tree in tests)
+    net_flows: bool = True              # trace the targets' TCP connections (net_flows; bpf/net.c)
 
     def __post_init__(self):
         self.node = self.node or socket.gethostname()
@@ -80,6 +84,8 @@ class AgentOptions:
         if self.summary_interval_s > self.interval_s:
             raise UsageError(f"--summary-interval {self.summary_interval_s:g} is longer than --interval "
                              f"{self.interval_s:g}: the summaries are the finer of the two")
+        if not self.net_interval_s > 0:
+            raise UsageError(f"--net-interval {self.net_interval_s:g}: give a number of seconds > 0")
         self.max_db_bytes = self.max_db_bytes or None
         self.max_age_s = self.max_age_s or None
 
@@ -98,6 +104,10 @@ class AgentOptions:
     @property
     def gpu_interval_ns(self):
         return int(self.gpu_interval_s * 1e9)
+
+    @property
+    def net_interval_ns(self):
+        return int(self.net_interval_s * 1e9)
 
     @property
     def max_age_ns(self):
@@ -121,6 +131,14 @@ class AgentEvents:
         """Said once at the start: no GPU is read through NVML (what='gpu') or the kernel's Xid errors are
         not (what='xid'), and why; the agent traces on without them."""
 
+    def network_not_read(self, what: str, why: str):
+        """Said once at the start: network interfaces (what='net') or RDMA ports (what='rdma') are not
+        read, or not all of them, and why; the agent traces on without them."""
+
+    def net_flows_not_traced(self, why: str):
+        """Said once at the start: the TCP flows (net_flows) are not traced though asked for (this kernel
+        lacks their tracepoints, or they did not load), and why; the agent traces on without them."""
+
 
 class Agent:
     """One tracing run: probes + targets + writer, driven by run()."""
@@ -139,6 +157,8 @@ class Agent:
         self.metrics_server = None
         self.summary_cpu_ns = 0    # CPU the step-time summaries took (this thread), since the start
         self.devices = None        # the device thread (straggler.devices.monitor)
+        self.network = None        # the network thread (straggler.network.monitor)
+        self.net_flows = None      # the TCP flows' rows (probes/net.py), when traced
 
     # ---- identity --------------------------------------------------------------------------
     def rank_of(self, pid):
@@ -180,7 +200,8 @@ class Agent:
         self.writer = StoreWriter(opts.db, opts.node, interval_ns=opts.interval_ns, max_db_bytes=opts.max_db_bytes,
                                   max_age_ns=opts.max_age_ns)
         self.finder = TargetFinder(pids=opts.pids, comm_patterns=opts.comms, scope=opts.scope)
-        self.probes = Probes(call_ringbuf_kib=opts.ringbuf_kb, sys_ringbuf_kib=opts.sys_ringbuf_kb)
+        self.probes = Probes(call_ringbuf_kib=opts.ringbuf_kb, sys_ringbuf_kib=opts.sys_ringbuf_kb,
+                             net_flows=opts.net_flows)
         self.decoder = Decoder(self.rank_of)
         self.probes.attach_tracepoints()
         self.probes.set_config(record_all=opts.record_all, record_coll=opts.collective_rows, sample_n=opts.sample,
@@ -199,6 +220,7 @@ class Agent:
         self._rescan(now, initial=True)
         if not self.probes.libraries:
             self.events.no_cuda_library(opts.scope)
+        self._start_net_flows()
         for key, value in (("agent_version", __version__), ("agent_pid", os.getpid()), ("agent_state", "running"),
                            ("agent_started_ns", now), ("agent_interval_ns", opts.interval_ns),
                            ("agent_summary_interval_ns", opts.summary_ns),
@@ -212,6 +234,7 @@ class Agent:
         self.writer.submit("clock_pairs", [(opts.node, mono, real)])
         self.writer.start()
         self._start_devices()
+        self._start_network()
         if opts.listen:
             self._start_api()
         if opts.metrics_listen:
@@ -235,6 +258,29 @@ class Agent:
                                      enabled=opts.gpu)
         for what, why in self.devices.start():
             self.events.devices_not_read(what, why)
+
+    def _start_network(self):
+        """The network thread: the interfaces' and RDMA ports' state and counters (straggler.network)."""
+        from .network.monitor import NetMonitor
+        opts = self.opts
+        self.network = NetMonitor(opts.node, self.writer.submit, self.writer.set_meta,
+                                  interval_ns=opts.net_interval_ns, enabled=opts.net, sysfs_root=opts.sysfs_root)
+        for what, why in self.network.start():
+            self.events.network_not_read(what, why)
+
+    def _start_net_flows(self):
+        """The TCP flows (bpf/net.c -> net_flows), when compiled in; meta says whether and why not."""
+        state = self.probes.net_state
+        if state == "on":
+            from .probes.net import NetFlows
+            self.net_flows = NetFlows(self.opts.node, lambda pid: self.rank_of(pid)[0])
+            self.writer.set_meta("net_probe_state", "traced")
+        elif state == "off":
+            self.writer.set_meta("net_probe_state", "turned off (--no-net-flows)")
+        else:
+            self.writer.set_meta("net_probe_state", "not traced")
+            self.writer.set_meta("net_probe_reason", self.probes.net_reason)
+            self.events.net_flows_not_traced(self.probes.net_reason)
 
     def _live_targets(self):
         return [tgid for tgid, info in list(self.processes.items()) if info.exited is None]
@@ -402,6 +448,9 @@ class Agent:
                          json.dumps(trim_hist(hist))))
         self.writer.submit("aggregates", rows)
         self._update_slow_thresholds(harvested)
+        if self.net_flows is not None:   # one row per connection and process with anything in the interval
+            self.writer.submit("net_flows", self.net_flows.rows(interval_start, length,
+                                                                self.probes.read_net_flows(old_gen)))
 
         lost = self.probes.lost_totals()
         lost["writer:queue"] = self.writer.dropped_events
@@ -538,6 +587,8 @@ class Agent:
                 pass
         if self.devices is not None:   # before the writer: its last rows and meta go in
             self.devices.stop()
+        if self.network is not None:   # so too the network thread's
+            self.network.stop()
         writer = getattr(self, "writer", None)
         if writer is not None:
             writer.stop()

@@ -11,6 +11,7 @@ import sys
 
 from ..agent import Agent, AgentEvents, AgentOptions
 from ..durations import parse_duration
+from ..network.monitor import NOUNS
 from ..probes import RECORD_RULE
 from ..store.writer import parse_size
 from .common import add_metrics_arguments, add_tls_arguments, tls_options
@@ -73,6 +74,15 @@ def add_arguments(parser):
                              f"(default {defaults.gpu_interval_s:g}); docs/devices.md")
     parser.add_argument("--no-gpu", action="store_true",
                         help="read neither the GPUs (NVML) nor the kernel's Xid errors")
+    parser.add_argument("--net-interval", type=float, default=defaults.net_interval_s, metavar="S",
+                        help="read every network interface and RDMA port (sysfs) every S seconds into net_samples and "
+                             f"rdma_samples (default {defaults.net_interval_s:g}); docs/network.md")
+    parser.add_argument("--no-net", action="store_true", help="read neither the network interfaces nor the RDMA ports")
+    parser.add_argument("--sysfs-root", default=defaults.sysfs_root, metavar="DIR",
+                        help=f"where sysfs is, for a stand-in tree in tests (default {defaults.sysfs_root})")
+    parser.add_argument("--no-net-flows", action="store_true",
+                        help="do not trace the traced processes' TCP connections (net_flows: bytes, RTT, retransmits "
+                             "per connection, from tracepoints)")
     parser.add_argument("--listen", metavar="ADDR:PORT",
                         help="also serve the database's API while tracing (as `straggler serve`)")
     add_tls_arguments(parser)
@@ -91,7 +101,9 @@ def agent_options(args):
         max_age_s=parse_duration(args.max_age, "--max-age") if args.max_age is not None else None,
         ringbuf_kb=args.ringbuf_kb, sys_ringbuf_kb=args.sys_ringbuf_kb, listen=args.listen, tls=tls_options(args),
         metrics_listen=args.metrics_listen, metrics_any_address=args.metrics_any_address,
-        gpu=not args.no_gpu, gpu_interval_s=args.gpu_interval)
+        gpu=not args.no_gpu, gpu_interval_s=args.gpu_interval,
+        net=not args.no_net, net_interval_s=args.net_interval, sysfs_root=args.sysfs_root,
+        net_flows=not args.no_net_flows)
 
 
 def _say(line):
@@ -115,6 +127,12 @@ class StderrEvents(AgentEvents):
 
     def devices_not_read(self, what, why):
         _say(f"straggler: no GPU is read: {why}" if what == "gpu" else f"straggler: Xid errors are not read: {why}")
+
+    def network_not_read(self, what, why):
+        _say(f"straggler: {NOUNS.get(what, what)} not read: {why}")
+
+    def net_flows_not_traced(self, why):
+        _say(f"straggler: TCP connections not traced: {why}")
 
 
 def run(args):

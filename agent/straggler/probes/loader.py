@@ -1,11 +1,12 @@
 """BCC side of the agent: compile bpf/*.c as one program, attach, and read/write its maps.
 
-`Probes` owns the BPF object. It compiles cuda.c + sched.c + block.c once (seconds of CPU),
-attaches the tracepoints, and attaches uprobes/uretprobes to each CUDA/NCCL library it is
-given (by path + symbol name; the stand-in and the real libraries the same way, also after
-start-up). It exposes the maps user space maintains (targets, scope, config, slow thresholds)
-and reads the counters (aggregates, hits, lost). Draining the ring buffers hands raw fixed-size
-records to a callback; decoding them is records.py's job.
+`Probes` owns the BPF object. It compiles cuda.c + sched.c + block.c (+ net.c, where the kernel
+has the TCP tracepoints) once (seconds of CPU), attaches the tracepoints, and attaches
+uprobes/uretprobes to each CUDA/NCCL library it is given (by path + symbol name; the stand-in and
+the real libraries the same way, also after start-up). It exposes the maps user space maintains
+(targets, scope, config, slow thresholds) and reads the counters (aggregates, TCP flows, hits,
+lost). Draining the ring buffers hands raw fixed-size records to a callback; decoding them is
+records.py's job.
 
 This module must not touch SQLite or /proc scanning policy; it only talks to the kernel.
 """
@@ -13,23 +14,58 @@ import ctypes
 import os
 import platform
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import StragglerError
 from . import symbols
 
 NBUCKETS = 40  # bpf/cuda.c
-HIT_NAMES = ["uprobe", "uretprobe", "sched", "block", "proc"]
-# lost[] index -> the probe whose ring-buffer write failed (the name used in lost_events.probe)
+HIT_NAMES = ["uprobe", "uretprobe", "sched", "block", "proc", "net"]
+# lost[] index -> the probe whose ring-buffer write failed (the name used in lost_events.probe);
+# net_flows:map_full: a connection, or an interval's counters of one, not counted (net.c's tables full)
 LOST_PROBES = ["uretprobe:cuda_calls", "tracepoint:sched:sched_switch", "tracepoint:block:block_rq_complete",
-               "tracepoint:sched:process"]
+               "tracepoint:sched:process", "net_flows:map_full"]
+# bpf/net.c (table net_flows): optional. Where one is missing (sock_send_length and sock_recv_length
+# came with Linux 6.3) net.c is left out and everything else is traced (Probes.net_state says why).
+NET_TRACEPOINTS = [
+    "sock:sock_send_length", "sock:sock_recv_length", "sock:inet_sock_set_state", "tcp:tcp_probe",
+    "tcp:tcp_retransmit_skb",
+]
 TRACEPOINTS = [
     "sched:sched_switch", "sched:sched_wakeup", "sched:sched_wakeup_new", "task:task_newtask",
     "sched:sched_process_exec", "sched:sched_process_exit",
     "block:block_bio_queue", "block:block_split", "block:block_bio_backmerge", "block:block_bio_frontmerge",
     "block:block_rq_issue", "block:block_rq_complete",
     "syscalls:sys_exit_setns",
-]
+] + NET_TRACEPOINTS
+AF_INET, AF_INET6 = 2, 10      # net_socks.family (bpf/net.c)
+TRACEFS_ROOTS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+
+
+@dataclass
+class NetCounters:
+    """One connection's counters over one interval, as bpf/net.c counted them for one process.
+    Addresses are raw: 4 bytes (AF_INET) or 16 (AF_INET6), empty while unknown (family 0)."""
+    sk: int
+    tgid: int
+    family: int
+    local_addr: bytes
+    local_port: int
+    peer_addr: bytes
+    peer_port: int
+    tx_bytes: int = 0
+    rx_bytes: int = 0
+    tx_calls: int = 0
+    rx_calls: int = 0
+    errors: int = 0
+    retransmits: int = 0
+    rtt_samples: int = 0
+    srtt_sum_us: int = 0
+    srtt_max_us: int = 0
+    cwnd_min: int = 0          # 0: no reading
+    opened: int = 0
+    closed: int = 0
 
 
 def bpf_source_dir() -> Path:
@@ -77,37 +113,83 @@ def check_environment():
         raise StragglerError(
             f"kernel headers for {release} not found (BCC compiles against them): install linux-headers-{release}, "
             "or run make setup (it links Debian's generic headers when the exact ones do not exist)")
-    for tracepoint in TRACEPOINTS:
-        category, event = tracepoint.split(":")
-        if not any(os.path.exists(f"{root}/events/{category}/{event}")
-                   for root in ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")):
-            raise StragglerError(f"tracepoint {tracepoint} is missing in this kernel: it needs CONFIG_BPF_EVENTS "
-                                 "and the scheduler/block tracepoints")
+    for tracepoint in missing_tracepoints([tp for tp in TRACEPOINTS if tp not in NET_TRACEPOINTS]):
+        raise StragglerError(f"tracepoint {tracepoint} is missing in this kernel: it needs CONFIG_BPF_EVENTS "
+                             "and the scheduler/block tracepoints")
+
+
+def _tracepoint_dir(tracepoint):
+    category, event = tracepoint.split(":")
+    for root in TRACEFS_ROOTS:
+        path = Path(root) / "events" / category / event
+        if path.exists():
+            return path
+    return None
+
+
+def missing_tracepoints(tracepoints):
+    """Those of `tracepoints` ('category:event') this kernel does not have."""
+    return [tp for tp in tracepoints if _tracepoint_dir(tp) is None]
+
+
+def _net_cflags():
+    """tcp_retransmit_skb has an `err` field (failed attempts fire it too) on newer kernels only."""
+    path = _tracepoint_dir("tcp:tcp_retransmit_skb")
+    try:
+        has_err = path is not None and " err;" in (path / "format").read_text()
+    except OSError:
+        has_err = False
+    return ["-DNET_RETRANSMIT_ERR"] if has_err else []
+
+
+def program_text(bpf_dir, files):
+    """The one BCC text of common.h + `files`: BCC rewrites map calls and makes tracepoint argument
+    structs only in its main file, so common.h is pasted in (once) where the sources #include it."""
+    parts = [(bpf_dir / "common.h").read_text()]
+    for name in files:
+        parts.append((bpf_dir / name).read_text().replace('#include "common.h"', "/* common.h (above) */"))
+    return "\n".join(parts)
 
 
 class Probes:
-    """The compiled BPF program, its attachments and its maps."""
+    """The compiled BPF program, its attachments and its maps.
 
-    def __init__(self, call_ringbuf_kib=8192, sys_ringbuf_kib=4096):
+    net_flows: also compile bpf/net.c (the TCP flows) if this kernel has its tracepoints. Whether it
+    did is `net_state`: 'on', 'off' (not asked for), 'absent' (a tracepoint missing) or 'failed' (it
+    did not compile or load; the rest then runs without it), and `net_reason` says why not."""
+
+    def __init__(self, call_ringbuf_kib=8192, sys_ringbuf_kib=4096, net_flows=True):
         from bcc import BPF
         self._BPF = BPF
         bpf_dir = bpf_source_dir()
-        # One text: BCC rewrites map calls and makes tracepoint argument structs only in its main
-        # file, so common.h is pasted in (once) where the sources #include it.
-        common = (bpf_dir / "common.h").read_text()
-        parts = [common]
-        for name in ("cuda.c", "sched.c", "block.c"):
-            parts.append((bpf_dir / name).read_text().replace('#include "common.h"', f"/* common.h (above) */"))
-        text = "\n".join(parts + [symbols.bpf_entry_lines(), ""])
         cflags = [f"-DNUM_OPS={len(symbols.OPS)}",
                   f"-DCALL_RINGBUF_PAGES={_pages(call_ringbuf_kib)}", f"-DSYS_RINGBUF_PAGES={_pages(sys_ringbuf_kib)}",
                   "-Wno-macro-redefined", "-Wno-unused-function"]
+        files = ["cuda.c", "sched.c", "block.c"]
+        self.net_state, self.net_reason = "off", "not asked for (--no-net-flows)"
+        if net_flows:
+            missing = missing_tracepoints(NET_TRACEPOINTS)
+            if missing:
+                self.net_state = "absent"
+                self.net_reason = (f"this kernel has no tracepoint {', '.join(missing)} (sock_send_length and "
+                                   "sock_recv_length came with Linux 6.3)")
+            else:
+                self.net_state, self.net_reason = "on", None
         started = time.monotonic()
+        entries = symbols.bpf_entry_lines()
         try:
-            self.bpf = BPF(text=text, cflags=cflags)
+            if self.net_state == "on":
+                try:
+                    self.bpf = BPF(text=program_text(bpf_dir, files + ["net.c"]) + "\n" + entries + "\n",
+                                   cflags=cflags + _net_cflags())
+                except Exception as exc:
+                    self.net_state = "failed"
+                    self.net_reason = f"their probes (bpf/net.c) did not load: {_first_line(exc)}"
+            if self.net_state != "on":
+                self.bpf = BPF(text=program_text(bpf_dir, files) + "\n" + entries + "\n", cflags=cflags)
         except Exception as exc:
             raise StragglerError(
-                f"compiling/loading the BPF program failed ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}): "
+                f"compiling/loading the BPF program failed ({_first_line(exc)}): "
                 "check the kernel headers (make setup) and that this kernel has BPF (CONFIG_BPF_SYSCALL, CONFIG_BPF_EVENTS)"
             ) from None
         self.compile_seconds = time.monotonic() - started
@@ -130,12 +212,17 @@ class Probes:
         self.hits = self.bpf["hits"]
         self.lost = self.bpf["lost"]
         self._one = ctypes.c_uint8(1)
+        self.net_socks = self.bpf["net_socks"] if self.net_state == "on" else None
+        self.net_counts = self.bpf["net_counts"] if self.net_state == "on" else None
+        self._closed_reported = set()   # (sk, born) of connections seen closed at the last read_net_flows
 
     # ---- attaching ---------------------------------------------------------------------
     def attach_tracepoints(self):
         """Record the tracepoints: BCC attaches every TRACEPOINT_PROBE when it loads the program."""
         attached = set(getattr(self.bpf, "tracepoint_fds", {}) or {})
         for tracepoint in TRACEPOINTS:
+            if tracepoint in NET_TRACEPOINTS and self.net_state != "on":
+                continue
             if attached and tracepoint.encode() not in attached and tracepoint not in attached:
                 raise StragglerError(f"tracepoint {tracepoint} did not attach: is tracefs mounted and are you root?")
             self.attached.append((f"tracepoint:{tracepoint}", None))
@@ -237,6 +324,52 @@ class Probes:
                 pass
         return result
 
+    def read_net_flows(self, gen):
+        """[NetCounters] of generation `gen` (one per connection and process with anything counted),
+        removed from the kernel's table; what is known of each open connection stays. A connection
+        that closed is forgotten at the read after the one that reported it closed (a late call on it
+        still finds its addresses), and so is one whose process is no longer traced and that had
+        nothing counted now. [] when the TCP flows are not traced."""
+        if self.net_counts is None:
+            return []
+        flows, harvested, active = [], [], set()
+        for key, value in self.net_counts.items():
+            if key.gen != gen:
+                continue
+            harvested.append(key)
+            active.add((key.sk, key.born))
+            a = value.a
+            size = {AF_INET: 4, AF_INET6: 16}.get(a.family, 0)
+            flows.append(NetCounters(
+                sk=key.sk, tgid=key.tgid, family=a.family if size else 0,
+                local_addr=bytes(a.saddr)[:size], local_port=a.sport if size else 0,
+                peer_addr=bytes(a.daddr)[:size], peer_port=a.dport if size else 0,
+                tx_bytes=value.tx_bytes, rx_bytes=value.rx_bytes, tx_calls=value.tx_calls, rx_calls=value.rx_calls,
+                errors=value.errors, retransmits=value.retransmits, rtt_samples=value.rtt_samples,
+                srtt_sum_us=value.srtt_sum_us, srtt_max_us=value.srtt_max_us, cwnd_min=value.cwnd_min,
+                opened=value.opened, closed=value.closed))
+        for key in harvested:
+            try:
+                del self.net_counts[key]
+            except KeyError:
+                pass
+        targets = self.target_tgids()
+        socks = {key.value: (value.born, value.closed, value.tgid) for key, value in self.net_socks.items()}
+        forget = {sk: born for sk, (born, closed, _tgid) in socks.items()
+                  if closed and (sk, born) in self._closed_reported}
+        forget.update({sk: born for sk, (born, _closed, tgid) in socks.items()
+                       if tgid not in targets and (sk, born) not in active})
+        for sk, born in forget.items():
+            key = ctypes.c_uint64(sk)
+            try:
+                if self.net_socks[key].born == born:   # not a new connection on the same sk since
+                    del self.net_socks[key]
+            except KeyError:
+                pass
+        self._closed_reported = {(sk, born) for sk, (born, closed, _tgid) in socks.items()
+                                 if closed and sk not in forget}
+        return flows
+
     def read_thread_calls(self):
         """{tid: (tgid, [ns per class id 0..3], [count per class id])}: running totals since each
         thread's first traced call (the caller takes differences)."""
@@ -283,3 +416,7 @@ class Probes:
             self.bpf.cleanup()
         except Exception:
             pass
+
+
+def _first_line(exc):
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
