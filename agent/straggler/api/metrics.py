@@ -28,6 +28,12 @@ DCGM_FI_DEV_GPU_TEMP, ...; labels gpu, UUID, pci_bus_id, device, modelName, Host
 GPU dashboards and alerts read them, plus straggler_gpu_* for what it has not (the list and the mapping:
 docs/devices.md, "On /metrics"). A node without GPUs has none of these families, not even empty ones.
 
+Likewise, from the newest net_samples row per interface and rdma_samples row per RDMA port, the series
+node_exporter's netdev, netclass and infiniband collectors export, with their names, types, units and labels
+(node_network_receive_bytes_total{device}, node_network_speed_bytes, node_network_up, ...,
+node_infiniband_port_data_received_bytes_total{device,port}, ...; plus node), so network dashboards read
+them (the list: docs/network.md). A NULL value leaves its series out; a store without the tables, none.
+
 This module reads the store and never writes it; it does not know the HTTPS server (server.py
 serves render() as a route; the plain port here shares only the host:port rule of straggler.addresses).
 """
@@ -40,7 +46,7 @@ from ..addresses import format_address, is_loopback, parse_listen
 from ..errors import StragglerError
 from ..devices.nvml import CLOCK_EVENTS
 from ..store import steptime
-from ..store.schema import GPU_SAMPLE_COLUMNS
+from ..store.schema import GPU_SAMPLE_COLUMNS, NET_SAMPLE_COLUMNS, RDMA_SAMPLE_COLUMNS
 from ..store.query import reading
 from ..text import one_line
 
@@ -204,6 +210,156 @@ def gpu_families(Gauge, rows, node, now_ns, window_s):
     return list(families.values())
 
 
+# ---------------------------------------------------------------- the network (net_samples, rdma_samples)
+
+MAX_NET_ROWS = 4096             # interfaces (or RDMA ports) one scrape reads: a node with many containers has
+                                # a veth each
+MBPS_BYTES = 125_000            # node_exporter's speed unit: bytes per second (Mb/s × 10^6 / 8)
+GBPS_BYTES = 125_000_000
+IB_WORD = 4                     # the InfiniBand data counters count 4-byte words (node_exporter multiplies too)
+
+
+def _plus(a, b):
+    """a + b where b may be missing (node_exporter adds the missed frames to the receive drops, as
+    /proc/net/dev does)."""
+    return None if a is None else a + (b or 0)
+
+
+def _id_of(text, names):
+    """An InfiniBand state as node_exporter numbers it: 'ACTIVE' or sysfs's '4: ACTIVE' -> 4; None when
+    unknown."""
+    if text is None:
+        return None
+    head, _, name = str(text).partition(":")
+    if name and head.strip().isdigit():
+        return int(head)
+    return names.get(str(text).replace(" ", "").lower())
+
+
+IB_STATES = {"nop": 0, "nostatechange": 0, "down": 1, "init": 2, "armed": 3, "active": 4, "active_defer": 5,
+             "activedefer": 5}
+IB_PHYS_STATES = {"nostatechange": 0, "sleep": 1, "polling": 2, "disabled": 3, "portconfigurationtraining": 4,
+                  "shift": 4, "linkup": 5, "linkerrorrecovery": 6, "phytest": 7}
+
+# (metric, counter?, help, value of the newest net_samples row): node_exporter's netdev collector's names
+# (its default, /proc/net/dev-compatible ones: receive_drop includes the missed frames) and its netclass
+# collector's, in its units; a NULL (the interface does not report it) leaves the series out.
+NET_SERIES = (
+    ("node_network_receive_bytes_total", True, "Network device statistic receive_bytes.", lambda r: r["rx_bytes"]),
+    ("node_network_transmit_bytes_total", True, "Network device statistic transmit_bytes.", lambda r: r["tx_bytes"]),
+    ("node_network_receive_packets_total", True, "Network device statistic receive_packets.",
+     lambda r: r["rx_packets"]),
+    ("node_network_transmit_packets_total", True, "Network device statistic transmit_packets.",
+     lambda r: r["tx_packets"]),
+    ("node_network_receive_errs_total", True, "Network device statistic receive_errs.", lambda r: r["rx_errors"]),
+    ("node_network_transmit_errs_total", True, "Network device statistic transmit_errs.", lambda r: r["tx_errors"]),
+    ("node_network_receive_drop_total", True, "Network device statistic receive_drop (dropped + missed).",
+     lambda r: _plus(r["rx_dropped"], r["rx_missed_errors"])),
+    ("node_network_transmit_drop_total", True, "Network device statistic transmit_drop.", lambda r: r["tx_dropped"]),
+    ("node_network_receive_crc_errors_total", True, "Network device statistic receive_crc_errors (a bad cable "
+     "or optic).", lambda r: r["rx_crc_errors"]),
+    ("node_network_carrier_changes_total", True, "Network device property: carrier_changes_total",
+     lambda r: r["carrier_changes"]),
+    ("node_network_up", False, "Value is 1 if operstate is 'up', 0 otherwise.",
+     lambda r: None if r["operstate"] is None else int(r["operstate"] == "up")),
+    ("node_network_carrier", False, "Network device property: carrier", lambda r: r["carrier"]),
+    ("node_network_mtu_bytes", False, "Network device property: mtu_bytes", lambda r: r["mtu"]),
+    ("node_network_speed_bytes", False, "Network device property: speed_bytes",
+     lambda r: r["speed_mbps"] * MBPS_BYTES if r["speed_mbps"] is not None and r["speed_mbps"] >= 0 else None),
+    ("straggler_network_speed_max_bytes", False, "The most the interface's link modes allow, bytes per second "
+     "(a link negotiated below it: node_network_speed_bytes < this)",
+     lambda r: r["speed_max_mbps"] * MBPS_BYTES if r["speed_max_mbps"] else None),
+)
+# the same for the newest rdma_samples row of each port: node_exporter's infiniband collector
+RDMA_SERIES = (
+    ("node_infiniband_port_data_received_bytes_total", True, "Number of data octets received on all links",
+     lambda r: None if r["port_rcv_data"] is None else r["port_rcv_data"] * IB_WORD),
+    ("node_infiniband_port_data_transmitted_bytes_total", True, "Number of data octets transmitted on all links",
+     lambda r: None if r["port_xmit_data"] is None else r["port_xmit_data"] * IB_WORD),
+    ("node_infiniband_port_packets_received_total", True, "Number of packets received on all VLs by this port "
+     "(including errors)", lambda r: r["port_rcv_packets"]),
+    ("node_infiniband_port_packets_transmitted_total", True, "Number of packets transmitted on all VLs from this "
+     "port (including errors)", lambda r: r["port_xmit_packets"]),
+    ("node_infiniband_port_transmit_wait_total", True, "Number of ticks during which the port had data to transmit "
+     "but no data was sent during the entire tick", lambda r: r["port_xmit_wait"]),
+    ("node_infiniband_port_discards_transmitted_total", True, "Number of outbound packets discarded by the port "
+     "because the port is down or congested", lambda r: r["port_xmit_discards"]),
+    ("node_infiniband_port_errors_received_total", True, "Number of packets containing an error that were "
+     "received on this port", lambda r: r["port_rcv_errors"]),
+    ("node_infiniband_port_receive_remote_physical_errors_total", True, "Number of packets marked with the EBP "
+     "(End of Bad Packet) delimiter received on the port.", lambda r: r["port_rcv_remote_physical_errors"]),
+    ("node_infiniband_symbol_error_total", True, "Number of minor link errors detected on one or more physical "
+     "lanes.", lambda r: r["symbol_error"]),
+    ("node_infiniband_link_error_recovery_total", True, "Number of times the link successfully recovered from an "
+     "error state", lambda r: r["link_error_recovery"]),
+    ("node_infiniband_link_downed_total", True, "Number of times the link failed to recover from an error state "
+     "and went down", lambda r: r["link_downed"]),
+    ("node_infiniband_local_link_integrity_errors_total", True, "Number of times that the count of local physical "
+     "errors exceeded the threshold specified by LocalPhyErrors.", lambda r: r["local_link_integrity_errors"]),
+    ("node_infiniband_excessive_buffer_overrun_errors_total", True, "Number of times that OverrunErrors "
+     "consecutive flow control update periods occurred, each having at least one overrun error.",
+     lambda r: r["excessive_buffer_overrun_errors"]),
+    ("node_infiniband_rate_bytes_per_second", False, "Maximum signal transfer rate",
+     lambda r: None if r["rate_gbps"] is None else round(r["rate_gbps"] * GBPS_BYTES)),
+    ("node_infiniband_state_id", False, "State of the InfiniBand port (0: no change, 1: down, 2: init, 3: armed, "
+     "4: active, 5: act defer)", lambda r: _id_of(r["state"], IB_STATES)),
+    ("node_infiniband_physical_state_id", False, "Physical state of the InfiniBand port (0: no change, 1: sleep, "
+     "2: polling, 3: disable, 4: shift, 5: link up, 6: link error recover, 7: phytest)",
+     lambda r: _id_of(r["phys_state"], IB_PHYS_STATES)),
+)
+
+
+def newest_samples(conn, table, keys, columns, now_ns, window_s):
+    """The newest row of each `keys` (an interface; a device and port) of a sampled table, as dicts, when
+    young enough to show: within max(window, STALE_INTERVALS sampling intervals) of the end (now, or the
+    newest row of a store from another boot). A sampler that stopped shows nothing; so does an interface
+    that went away. The interval is the newest row's distance to its predecessor. Reads only the recent
+    rows, by the (ts) and (node, key, ts) indexes. [] for a store from before the table."""
+    try:
+        newest = conn.execute(f"SELECT node, {', '.join(keys)}, ts FROM {table} ORDER BY ts DESC LIMIT 1").fetchone()
+    except sqlite3.OperationalError as exc:
+        if "no such table" not in str(exc):
+            raise
+        return []               # a store from before schema 5 (served read-only): no network
+    if newest is None:
+        return []
+    node, *key, ts = newest
+    where = " AND ".join(f"{k} = ?" for k in keys)
+    (before,) = conn.execute(f"SELECT MAX(ts) FROM {table} WHERE node = ? AND {where} AND ts < ?",
+                             (node, *key, ts)).fetchone()
+    interval_ns = ts - before if before is not None else 1_000_000_000
+    end = now_ns if ts <= now_ns + 1_000_000_000 else ts
+    horizon = max(int(window_s * 1e9), STALE_INTERVALS * interval_ns)
+    if end - ts > horizon:
+        return []
+    # MAX(ts) with GROUP BY: SQLite takes the other columns from the row that holds the maximum
+    cur = conn.execute(f"SELECT MAX(ts), {', '.join(columns)} FROM {table} WHERE ts >= ? "
+                       f"GROUP BY {', '.join(keys)} ORDER BY {', '.join(keys)} LIMIT ?", (end - horizon, MAX_NET_ROWS))
+    return [dict(zip(("ts",) + tuple(columns), row)) for row in cur]
+
+
+def network_families(Counter, Gauge, net_rows, rdma_rows, node):
+    """node_exporter's network and InfiniBand families of the interfaces and ports that have recent samples
+    (none: no family, not even an empty one)."""
+    families = {}
+
+    def add(series, labels, label_values, row):
+        for name, counter, doc, value_of in series:
+            value = value_of(row)
+            if value is None:
+                continue
+            family = families.get(name)
+            if family is None:
+                family = families[name] = (Counter if counter else Gauge)(name, doc, labels=labels)
+            family.add_metric(label_values, value)
+
+    for r in net_rows:
+        add(NET_SERIES, ["device", "node"], [r["iface"], node], r)
+    for r in rdma_rows:
+        add(RDMA_SERIES, ["device", "port", "node"], [r["device"], str(r["port"]), node], r)
+    return list(families.values())
+
+
 def _read(db_path, window_s, at_ns=None, timeout_s=DEFAULT_TIMEOUT_S):
     with reading(db_path, timeout_s, "the metrics") as conn:
         newest = conn.execute("SELECT MAX(ts + interval_ns) FROM thread_time").fetchone()[0]
@@ -230,7 +386,9 @@ def _read(db_path, window_s, at_ns=None, timeout_s=DEFAULT_TIMEOUT_S):
             if "no such table" not in str(exc):
                 raise
             gpus = []           # a store from before schema 3 (served read-only): no GPUs
-    return newest, rows, lost, cost, now, gpus
+        nets = newest_samples(conn, "net_samples", ("iface",), NET_SAMPLE_COLUMNS[2:], now, window_s)
+        ports = newest_samples(conn, "rdma_samples", ("device", "port"), RDMA_SAMPLE_COLUMNS[2:], now, window_s)
+    return newest, rows, lost, cost, now, gpus, (nets, ports)
 
 
 def rank_summaries(rows, window_ns):
@@ -272,7 +430,8 @@ class NodeCollector:
 
     def collect(self):
         Counter, Gauge, _, _ = _prometheus()
-        newest, rows, lost, cost, now, gpus = _read(self.db_path, self.window_s, self.at_ns, self.timeout_s)
+        newest, rows, lost, cost, now, gpus, (nets, ports) = _read(self.db_path, self.window_s, self.at_ns,
+                                                                   self.timeout_s)
         node = self.node
         wait = Gauge("straggler_rank_wait_ratio", "Share of wall time the rank's calling thread waited for its peers "
                      "(blocking: collectives + blocked; enqueue: also synchronize)", labels=["node", "rank", "pid", "wait"])
@@ -320,6 +479,7 @@ class NodeCollector:
         yield cpu
         yield rss
         yield from gpu_families(Gauge, gpus, node, now, self.window_s)
+        yield from network_families(Counter, Gauge, nets, ports, node)
 
 
 def render(db_path, node, window_s=DEFAULT_WINDOW_S, at_ns=None, timeout_s=DEFAULT_TIMEOUT_S):

@@ -14,7 +14,9 @@ The same content in both formats:
   - counters per node: calls/s and block I/O bytes/s per second, and per rank the step-time
     components of the step-time model (straggler.store.steptime.rank_time over each thread_time interval: waiting
     for peers, run queue, host compute, synchronize, collectives, CUDA calls, own block I/O,
-    blocked), as % of wall time;
+    blocked), as % of wall time; per GPU its SM clock, temperature and power; per network interface
+    its receive and transmit bytes/s (and errors + drops per second, once any occurred) and per RDMA
+    port its bytes/s and transmit waits per second, from consecutive samples of their counters;
   - explain's findings as instant events on the node's "findings" track, at the time the evidence
     begins (Finding.at_ns), with the summary, cause, share and recommendation.
 Times are on the fleet timeline: events.ts_aligned when the merge filled it, else the node's

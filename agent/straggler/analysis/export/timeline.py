@@ -2,7 +2,8 @@
 cursors: per node a process; per traced thread its CUDA/driver/NCCL calls as slices (in lanes, so
 every track nests), its off-CPU and run-queue intervals, block I/O per issuing process; counters
 (calls/s, block I/O bytes/s, per rank the step-time model's components as % of wall time, per GPU its
-SM clock, temperature and power); explain's findings as instants where their evidence begins and its
+SM clock, temperature and power, per network interface and RDMA port its throughput, and its errors and
+drops or transmit waits); explain's findings as instants where their evidence begins and its
 straggle episodes as slices on a track of the straggler node; the metadata.
 
 Memory depends on the number of tracks, not on the trace length. Only reads the database; must
@@ -171,6 +172,7 @@ def write(conn, plan, sink, findings, nodes=None, whole=True):
     counts["counters"] += _activity_counters(conn, plan, sink, node_list)
     counts["counters"] += _model_counters(conn, plan, sink, node_list)
     counts["counters"] += _gpu_counters(conn, plan, sink, node_list)
+    counts["counters"] += _network_counters(conn, plan, sink, node_list)
     counts["slices"] += _episode_slices(sink, report, episode_track)
     # explain's findings: instants at the time their evidence begins, on the node's findings track
     if report:
@@ -241,6 +243,76 @@ def _gpu_counters(conn, plan, sink, node_list):
         if pairs:
             sink.counters(pairs, t)
             n += len(pairs)
+    return n
+
+
+# (table, what names a link, its label, [(counter, unit, cumulative columns summed, scale, only once one moved)]):
+# rates between consecutive samples of the cumulative counters
+NET_RATES = (
+    ("net_samples", ("iface",), "net {0}",
+     (("receive bytes/s", "bytes", ("rx_bytes",), 1, False), ("transmit bytes/s", "bytes", ("tx_bytes",), 1, False),
+      ("errors+drops/s", "count", ("rx_errors", "tx_errors", "rx_dropped", "tx_dropped", "rx_missed_errors"), 1,
+       True))),
+    # the InfiniBand data counters count 4-byte words; port_xmit_wait counts ticks with data to send and no credit
+    ("rdma_samples", ("device", "port"), "rdma {0} port {1}",
+     (("receive bytes/s", "bytes", ("port_rcv_data",), 4, False),
+      ("transmit bytes/s", "bytes", ("port_xmit_data",), 4, False),
+      ("transmit wait ticks/s", "count", ("port_xmit_wait",), 1, False))),
+)
+
+
+def counter_rate(before, after, dt_ns, scale=1):
+    """Per second between two readings of cumulative counters (tuples, summed): None when none was read
+    in both, or one went backwards (reset: the interface or the driver came back), or no time passed."""
+    if dt_ns <= 0:
+        return None
+    total, read = 0, False
+    for a, b in zip(before, after):
+        if a is None or b is None:
+            continue
+        if b < a:
+            return None
+        total, read = total + b - a, True
+    return total * scale * 1e9 / dt_ns if read else None
+
+
+def _network_counters(conn, plan, sink, node_list):
+    """Per network interface (net_samples): receive and transmit throughput, bytes/s, and errors + drops
+    per second on a track made once any occurred; per RDMA port (rdma_samples): its throughput and its
+    transmit waits per second. A rate describes the interval between two samples: it is placed at the
+    first (a counter holds its value until the next point); a counter reset gives no point for that pair."""
+    n = 0
+    for table, keys, label, rates in NET_RATES:
+        columns = [c for *_, cols, _, _ in rates for c in cols]
+        try:
+            cur = conn.execute(f"""SELECT node, {", ".join(keys)}, ts, {", ".join(columns)} FROM {table}
+                                   WHERE node IN ({node_list}) ORDER BY node, {", ".join(keys)}, ts""")
+        except sqlite3.OperationalError:      # a store written before the agent sampled the network
+            continue
+        ctracks, previous = {}, None
+        for row in cur:
+            node, key, ts, values = row[0], row[1:1 + len(keys)], row[1 + len(keys)], row[2 + len(keys):]
+            if previous is None or previous[:2] != (node, key):
+                previous = (node, key, ts, values)
+                continue
+            t0, t1, dt = plan.align[node](previous[2]), plan.align[node](ts), ts - previous[2]
+            before, previous = previous[3], (node, key, ts, values)
+            t = max(plan.start_ns, t0)            # a pair may begin before the trace
+            if t1 < plan.start_ns or not plan.cut.keeps(t, t1):
+                continue
+            tracks = ctracks.setdefault((node, key), [None] * len(rates))
+            pairs, i = [], 0
+            for r, (name, unit, cols, scale, when_moved) in enumerate(rates):
+                rate = counter_rate(before[i:i + len(cols)], values[i:i + len(cols)], dt, scale)
+                i += len(cols)
+                if rate is None or (tracks[r] is None and when_moved and rate == 0):
+                    continue
+                if tracks[r] is None:
+                    tracks[r] = sink.counter_track(plan.node_pid[node], f"{label.format(*key)} {name}", unit)
+                pairs.append((tracks[r], round(rate) if unit == "bytes" else round(rate, 3)))
+            if pairs:
+                sink.counters(pairs, t)
+                n += len(pairs)
     return n
 
 
