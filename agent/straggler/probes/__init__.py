@@ -4,6 +4,7 @@
   loader.py   compile bpf/*.c as one BCC program, attach, read and write its maps
   records.py  decode the kernel's fixed-size records into store rows
   targets.py  /proc: targets (--pid, --comm, or every process mapping a CUDA library), scope, rank
+  net.py      the TCP flows' counters (bpf/net.c) as net_flows rows: addresses, route iface, RTT in us
 
 Which calls get a row in `events` (RECORD_RULE, also shown by `straggler trace --help`):
 every call is counted in `aggregates` (per interval, process and op: count, sum, max and a
