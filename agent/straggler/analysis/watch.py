@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from ..errors import UsageError
 from ..text import one_line
 from ..fleet.client import ANSWERED
+from ..store.live import NET_FLOW_COLUMNS, NET_SAMPLE_COLUMNS
 
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_WINDOW_S = 8.0       # a rank is judged once it has run this long (plus SETTLE_S) ...
@@ -71,6 +72,8 @@ class NodeFeed:
     block: dict = field(default_factory=dict)         # (ts, pid) -> row
     processes: dict = field(default_factory=dict)     # pid -> row
     lost: dict = field(default_factory=dict)          # (probe, ts) -> row
+    net_flows: dict = field(default_factory=dict)     # (ts, pid, local address and port, peer's) -> row
+    net_samples: dict = field(default_factory=dict)   # (ts, iface) -> row
     columns: dict = None
 
     def apply(self, status, answer, sample, horizon_ns):
@@ -97,6 +100,13 @@ class NodeFeed:
         for r in answer.get("lost") or []:
             d = dict(zip(cols["lost"], r))
             self.lost[(d["probe"], d["ts"])] = r      # an interval's row can come twice
+        for r in answer.get("net_flows") or []:
+            d = dict(zip(cols["net_flows"], r))
+            self.net_flows[(d["ts"], d.get("pid"), d.get("local_addr"), d.get("local_port"), d.get("peer_addr"),
+                            d.get("peer_port"))] = r
+        for r in answer.get("net_samples") or []:
+            d = dict(zip(cols["net_samples"], r))
+            self.net_samples[(d["ts"], d.get("iface"))] = r
         if self.since_ns is None and answer.get("latest_ns") is not None:
             self.since_ns = int(answer["latest_ns"])
         if sample is not None:
@@ -116,6 +126,8 @@ class NodeFeed:
         self.thread_time = {k: v for k, v in self.thread_time.items() if k[0] >= cut}
         self.block = {k: v for k, v in self.block.items() if k[0] >= cut}
         self.lost = {k: v for k, v in self.lost.items() if k[1] >= cut}
+        self.net_flows = {k: v for k, v in self.net_flows.items() if k[0] >= cut}
+        self.net_samples = {k: v for k, v in self.net_samples.items() if k[0] >= cut}
         exited = self.columns["processes"].index("exited")
         self.processes = {pid: r for pid, r in self.processes.items() if r[exited] is None or r[exited] >= cut}
 
@@ -193,6 +205,14 @@ def build_store(feeds, min_span_ns=0):
                          "first_seen, last_seen, exited) VALUES (?,?,?,?,?,?,?,?,?,?)",
                          (feed.node, d["pid"], d["ppid"], d["comm"], d["rank"], d["local_rank"], d["world_size"],
                           d["first_seen"], d["last_seen"], d["exited"]))
+        for table, known in (("net_flows", NET_FLOW_COLUMNS), ("net_samples", NET_SAMPLE_COLUMNS)):
+            names = cols.get(table)                      # the links (an older agent sends none): the columns
+            rows = list(getattr(feed, table).values())   # this version knows, by name, whatever the node sent
+            if not rows or not names:
+                continue
+            conn.executemany(f"INSERT INTO {table}({', '.join(known)}) VALUES ({', '.join('?' * len(known))})",
+                             [[feed.node] + [d.get(c) for c in known[1:]]
+                              for d in (dict(zip(names, r)) for r in rows)])
         lcols = cols["lost"]
         conn.executemany("INSERT INTO lost_events(node, probe, ts, interval_ns, count) VALUES (?,?,?,?,?)",
                          [(feed.node,) + tuple(dict(zip(lcols, r))[c] for c in ("probe", "ts", "interval_ns", "count"))

@@ -3,7 +3,9 @@
 `live_summary(db, since_ns)` answers GET /api/v1/live?since=NS: the thread_time rows (the
 step-time model's per-interval summaries, schema 2) that start at or after `since`, the node's
 block I/O in the same time summed per second and submitting process (explain's evidence for
-io-self / io-other, without shipping one row per request), the ranked processes, and the lost
+io-self / io-other, without shipping one row per request), its links in the same time (the job's TCP
+connections per interval and its interfaces' samples, schema 5: explain's evidence of a slow link;
+none from an older store), the ranked processes, and the lost
 events of the intervals that end after `since` (they are written when their longer interval
 ends, so a row can come twice: the watch keys them by probe and ts). A watch keeps the rows it
 got and asks again from the `ts` after the newest summary it holds.
@@ -30,6 +32,14 @@ BLOCK_COLUMNS = ("node", "ts", "pid", "comm", "requests", "bytes", "duration")
 PROCESS_COLUMNS = ("node", "pid", "ppid", "comm", "rank", "local_rank", "world_size", "first_seen", "last_seen",
                    "exited")
 LOST_COLUMNS = ("node", "probe", "ts", "interval_ns", "count")
+# the links: what explain's network rules read (analysis/explain/network.py)
+NET_FLOW_COLUMNS = ("node", "ts", "interval_ns", "pid", "rank", "family", "local_addr", "local_port", "peer_addr",
+                    "peer_port", "iface", "tx_bytes", "rx_bytes", "retransmits", "rtt_samples", "srtt_us",
+                    "srtt_max_us")
+NET_SAMPLE_COLUMNS = ("node", "ts", "iface", "operstate", "carrier", "speed_mbps", "speed_max_mbps", "carrier_changes",
+                      "rx_bytes", "tx_bytes", "rx_errors", "tx_errors", "rx_dropped", "tx_dropped", "rx_crc_errors",
+                      "rx_missed_errors", "tx_carrier_errors")
+MAX_NET_ROWS = 10_000
 
 
 def _rows(conn, sql, params):
@@ -83,7 +93,20 @@ def live_summary(db_path, since_ns=None, timeout_s=DEFAULT_TIMEOUT_S):
                                 f"AND (exited IS NULL OR exited >= ?) ORDER BY pid LIMIT 1000", (since_ns,))
         lost = _rows(conn, f"SELECT {', '.join(LOST_COLUMNS)} FROM lost_events WHERE ts + interval_ns >= ? "
                            f"ORDER BY ts LIMIT 1000", (since_ns,))
+        flows = samples = []
+        if _has_tables(conn, "net_flows", "net_samples"):
+            flows = _rows(conn, f"SELECT {', '.join(NET_FLOW_COLUMNS)} FROM net_flows WHERE ts >= ? ORDER BY ts "
+                                f"LIMIT ?", (since_ns, MAX_NET_ROWS))
+            samples = _rows(conn, f"SELECT {', '.join(NET_SAMPLE_COLUMNS)} FROM net_samples WHERE ts >= ? "
+                                  f"AND iface != 'lo' ORDER BY ts LIMIT ?", (since_ns, MAX_NET_ROWS))
     return {"columns": {"thread_time": list(THREAD_TIME_COLUMNS), "block": list(BLOCK_COLUMNS),
-                        "processes": list(PROCESS_COLUMNS), "lost": list(LOST_COLUMNS)},
-            "thread_time": threads, "block": block, "processes": processes, "lost": lost,
-            "since_ns": since_ns, "latest_ns": newest, "truncated": truncated}
+                        "processes": list(PROCESS_COLUMNS), "lost": list(LOST_COLUMNS),
+                        "net_flows": list(NET_FLOW_COLUMNS), "net_samples": list(NET_SAMPLE_COLUMNS)},
+            "thread_time": threads, "block": block, "processes": processes, "lost": lost, "net_flows": flows,
+            "net_samples": samples, "since_ns": since_ns, "latest_ns": newest, "truncated": truncated}
+
+
+def _has_tables(conn, *names):
+    found = {r[0] for r in conn.execute(
+        f"SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ({', '.join('?' * len(names))})", names)}
+    return found == set(names)
