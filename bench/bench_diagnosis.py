@@ -30,17 +30,27 @@ from straggler import render  # noqa: E402
 from straggler_lab.demo import harness as hz, schedule as sc  # noqa: E402
 
 TESTBED_ID = 246
+NET_RANK = 2
+NET_ALL_ALONG = "net-slow, all along"
 
 
 def run_style(bed, out, style, faults, runs, log):
     rows = []
-    h = hz.SyncJobHarness(bed, out / style, style=style)
+    h = hz.SyncJobHarness(bed, out / style, style=style, standin_links=True)
     try:
         h.start_agents()
+        cases = [(fault, fault, False) for fault in faults]
+        if "net-slow" in faults:           # a link slow from the job's first step (after a clean case: its measure)
+            cases.append((NET_ALL_ALONG, "net-slow", True))
         for run in range(runs):
-            for fault in faults:
-                case = h.run_case(fault, rank=0, warmup_s=8.0, fault_s=12.0)
-                row = dict(style=style, run=run, fault=fault, slowdown=round(case.slowdown, 2), valid=case.valid,
+            for name, fault, from_start in cases:
+                # a link's fault on a spoke of the stand-in NCCL's star (a slow hub looks like a slow fabric)
+                rank = NET_RANK if fault.startswith("net-") else 0
+                if from_start:
+                    case = h.run_case(fault, rank=rank, fault_s=20.0, from_start=True)
+                else:
+                    case = h.run_case(fault, rank=rank, warmup_s=8.0, fault_s=12.0)
+                row = dict(style=style, run=run, fault=name, slowdown=round(case.slowdown, 2), valid=case.valid,
                            reason=case.reason)
                 if case.valid:
                     report = hz.diagnose(case, out / style / "reports")
@@ -50,7 +60,7 @@ def run_style(bed, out, style, faults, runs, log):
                     row.update(node_ok=node_ok, cause_ok=cause_ok, stragglers=report.stragglers, causes=causes[:3])
                 rows.append(row)
                 _drop_merged(out / style / "reports")
-                log(f"{style:8s} run {run} {fault:16s} x{case.slowdown:.2f} valid={case.valid} "
+                log(f"{style:8s} run {run} {name:16s} x{case.slowdown:.2f} valid={case.valid} "
                     f"node={row.get('node_ok')} cause={row.get('cause_ok')} {row.get('stragglers')} {row.get('causes')}")
     finally:
         h.close()
@@ -201,12 +211,13 @@ def run_devices(bed, out, runs, log):
 def matrix(rows):
     out = []
     for style in sorted({r["style"] for r in rows}):
-        for fault in hz.FAULTS:
+        for fault in hz.FAULTS + (NET_ALL_ALONG,):
             mine = [r for r in rows if r["style"] == style and r["fault"] == fault]
             if not mine:
                 continue
             valid = [r for r in mine if r["valid"]]
-            expected = (hz.EXPECTED_CAUSE_ENQUEUE if style == "enqueue" else hz.EXPECTED_CAUSE)[fault]
+            expected = (hz.EXPECTED_CAUSE_ENQUEUE if style == "enqueue" else hz.EXPECTED_CAUSE)[
+                "net-slow" if fault == NET_ALL_ALONG else fault]
             out.append(dict(style=style, fault=fault, expected=expected or "no straggler",
                             runs=len(mine), valid=len(valid), node_right=sum(1 for r in valid if r["node_ok"]),
                             cause_right=sum(1 for r in valid if r["cause_ok"])))

@@ -26,6 +26,13 @@ Faults (FAULTS), applied to the straggler rank's host for fault_s after a clean 
   io-other         a process `diskhog` on its host (DISK_HOG_THREADS writers of DISK_HOG_CHUNK_MB,
                    O_DIRECT + fdatasync, on the file system of the job dir) while the rank writes
                    IO_OTHER_MB + fdatasync per step for the whole case, warm-up included
+  net-slow         the straggler's host's link throttled both ways (a `tbf` qdisc of link_rate on its
+                   eth0 and on the bridge's end of its veth): a link that trained down, a congested
+                   uplink — its collectives' bytes really cross it
+  net-link         net-slow, and the host's link says it trained down: a STAND-IN sysfs tree per host
+                   (standin_links=True; the agents read it by --sysfs-root) shows its eth0 at
+                   LINK_DOWN_MBPS of LINK_MBPS while the tbf throttles it for real
+  net-slow-all     every host's link throttled alike (link_rate each): a fabric slow everywhere, no node's
   load-all         a `cpuhog` on EVERY host (LOAD_ALL_THREADS thread each, unpinned, at the job's own
                    priority): a machine-wide load step, every node alike
 The ranks run at autogroup nice JOB_NICE (each leads a session of its own), like the demo's job,
@@ -78,8 +85,14 @@ IO_OTHER_MB = 1
 DISK_HOG_THREADS = 4
 DISK_HOG_CHUNK_MB = 16
 LOAD_ALL_THREADS = 1
+NET_RATE_KBIT = 1200         # net-slow: the straggler's link, both ways, this many kbit/s for each peer it talks to
+LINK_MBPS = 100000           # net-link: the stand-in's eth0 speed, and what it trains down to
+LINK_DOWN_MBPS = 10000
+NET_LATENCY = "400ms"        # (about half what the job's collectives need: rank 0, the stand-in's hub, talks to all)
 
-FAULTS = ("none", "cpu-hog", "self-contention", "host-compute", "gpu-slow", "io-self", "io-other", "load-all")
+FAULTS = ("none", "cpu-hog", "self-contention", "host-compute", "gpu-slow", "io-self", "io-other", "net-slow",
+          "net-link", "net-slow-all", "load-all")
+NO_STRAGGLER = ("none", "load-all", "net-slow-all")      # faults that name nobody
 
 
 class HarnessError(RuntimeError):
@@ -90,7 +103,7 @@ class HarnessError(RuntimeError):
 class CaseResult:
     """One case. Times are CLOCK_MONOTONIC ns (the same clock as the agents' events' ts).
 
-    rank/node: the straggler rank and its host (None for "none" and "load-all": no straggler).
+    rank/node: the straggler rank and its host (None for NO_STRAGGLER's faults: no straggler).
     step_ms_before / step_ms_during: per rank, the median step time over the warm-up (after its
     first 2 s) and over the fault window (after its first 2 s). slowdown: the job's, the median
     over ranks of during/before. valid: the case did what it is for (reason says why not, or
@@ -117,7 +130,8 @@ class CaseResult:
 
 # the cause class explain should give first for each fault (None: no straggler at all)
 EXPECTED_CAUSE = {"none": None, "load-all": None, "cpu-hog": "cpu-contention", "self-contention": "self-contention",
-                  "host-compute": "host-compute", "gpu-slow": "gpu-slow", "io-self": "io-self", "io-other": "io-other"}
+                  "host-compute": "host-compute", "gpu-slow": "gpu-slow", "io-self": "io-self", "io-other": "io-other",
+                  "net-slow": "net-congestion", "net-link": "net-link", "net-slow-all": None}
 # With collectives that only enqueue (NCCL on GPUs), a slow GPU makes every rank wait in synchronize
 # alike: the host cannot tell whose GPU it is, and the right answer is to say so, naming no one.
 EXPECTED_CAUSE_ENQUEUE = dict(EXPECTED_CAUSE, **{"gpu-slow": "device-wide"})
@@ -194,6 +208,8 @@ def judge(fault, slowdown):
         return False, f"the job slowed down without a fault: {text} (the machine is busy?)"
     if fault == "load-all":
         return True, f"machine-wide load: the job went {text}"
+    if fault == "net-slow-all" and slowdown >= VALID_SLOWDOWN:
+        return True, f"every link slow alike: the job went {text}"
     if slowdown >= VALID_SLOWDOWN:
         return True, f"the fault slowed the job: {text}"
     return False, f"the fault did not slow the job: {text}"
@@ -293,7 +309,7 @@ class SyncJobHarness:
     (step logs steps-rank<R>.csv, control files, each process's log)."""
 
     def __init__(self, bed, out_dir, hosts=None, style="blocking", straggler_bin=DEFAULT_STRAGGLER_BIN,
-                 job_nice=JOB_NICE, gpus=False, spare_gpus=0):
+                 job_nice=JOB_NICE, gpus=False, spare_gpus=0, standin_links=False):
         if style not in ("blocking", "enqueue"):
             raise ValueError(f"style must be blocking or enqueue, not {style!r}")
         self.bed = bed
@@ -307,6 +323,15 @@ class SyncJobHarness:
         self.agent_dbs = {}     # host -> db path
         self.job = []           # _Proc of the ranks of the running case
         self.fault_procs = []   # _Proc of the running case's cpuhog/diskhog
+        self.throttled = []     # (netns or None, device): tbf qdiscs of the running case (net-slow)
+        self.clean_step_ms = {}  # rank -> its median step (ms) in the clean time of the latest case that had some
+        self.trained_down = []  # hosts whose stand-in eth0 says it trained down (net-link)
+        self.links = {}         # host -> its stand-in sysfs tree (standin_links: net-link)
+        if standin_links:
+            from straggler_lab.standin.netsysfs import NetSysfs
+            for host in self.hosts:
+                self.links[host] = NetSysfs(self.out / "sysfs" / host)
+                self.links[host].add_interface("eth0", speed_mbps=LINK_MBPS)
         self.n_cases = 0
         self.standin_dir = self.out / "standin"
         self._built = False
@@ -393,6 +418,8 @@ class SyncJobHarness:
             db = agents_dir / f"{host}.db"
             argv = [self.straggler_bin, "trace", "--scope", "netns", "--interval", "1", "--db", db, "--node", host,
                     *extra_args, *((per_host_args or {}).get(host) or ())]
+            if host in self.links:
+                argv += ["--sysfs-root", self.links[host].root]
             env = self._gpu_env(host) if self.gpus else None
             self.agents[host] = self._popen("agent", host, argv, agents_dir / f"{host}.log", env=env)
             self.agent_dbs[host] = str(db)
@@ -468,9 +495,13 @@ class SyncJobHarness:
             stop_file.unlink()
         return case_dir, stop_file
 
-    def run_case(self, fault, rank=0, warmup_s=8.0, fault_s=12.0, name=None, ready_timeout_s=120.0, cooldown_s=0.0):
+    def run_case(self, fault, rank=0, warmup_s=8.0, fault_s=12.0, name=None, ready_timeout_s=120.0, cooldown_s=0.0,
+                 from_start=False):
         """Run the job with `fault` on rank `rank` (see FAULTS); returns a CaseResult. cooldown_s:
-        the job runs on clean for so long after the fault is removed (a live watch's recovery)."""
+        the job runs on clean for so long after the fault is removed (a live watch's recovery).
+        from_start: the fault is there before the job's first step, to its last (tracing starts on a job
+        already slow; no warm-up): its steps are compared with the clean steps of this harness's earlier
+        cases (an earlier case must have run; its step_ms_before are `clean_step_ms`)."""
         if fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}: one of {', '.join(FAULTS)}")
         if not 0 <= rank < len(self.hosts):
@@ -486,7 +517,11 @@ class SyncJobHarness:
         port = BASE_PORT + self.n_cases
         root = f"{self.bed.hosts[self.hosts[0]]}:{port}"
         limit_s = warmup_s + fault_s + ready_timeout_s + 60
+        if from_start and not self.clean_step_ms:
+            raise HarnessError("a fault from the start needs a clean case before it (its steps are the measure)")
         try:
+            if from_start:
+                self._apply(fault, rank, controls, base, case_dir, fault_s + ready_timeout_s)
             for r, host in enumerate(self.hosts):
                 argv = [sys.executable, "-m", "straggler_lab.demo.syncjob", "--rank", r, "--world", world, "--root", root,
                         "--style", self.style, "--standin-dir", self.standin_dir, "--seconds", limit_s,
@@ -501,10 +536,12 @@ class SyncJobHarness:
             self._wait_ready(case_dir, ready_timeout_s)
             t_start = time.monotonic_ns()
             real_minus_mono = time.time_ns() - time.monotonic_ns()
-            self._sleep(warmup_s, case_dir)
+            if not from_start:
+                self._sleep(warmup_s, case_dir)
             t_fault = time.monotonic_ns()
             try:
-                self._apply(fault, rank, controls, base, case_dir, fault_s)
+                if not from_start:
+                    self._apply(fault, rank, controls, base, case_dir, fault_s)
                 self._sleep(fault_s, case_dir)
             finally:
                 t_fault_end = time.monotonic_ns()
@@ -522,11 +559,15 @@ class SyncJobHarness:
             rows = read_steps(case_dir / f"steps-rank{r}.csv")
             steps[r] = len(rows)
             before[r], during[r] = step_stats(rows, t_start, t_fault, t_fault_end)
+            if from_start:
+                before[r] = self.clean_step_ms.get(r, float("nan"))
+            elif before[r] == before[r]:
+                self.clean_step_ms[r] = before[r]
         ratios = [during[r] / before[r] for r in range(world) if before[r] == before[r] and during[r] == during[r]
                   and before[r] > 0]
         slowdown = statistics.median(ratios) if len(ratios) == world else float("nan")
         valid, reason = judge(fault, slowdown)
-        straggler = fault not in ("none", "load-all")
+        straggler = fault not in NO_STRAGGLER
         return CaseResult(fault=fault, style=self.style, rank=rank if straggler else None,
                           node=self.hosts[rank] if straggler else None, t_start_ns=t_start, t_fault_ns=t_fault,
                           t_fault_end_ns=t_fault_end, t_end_ns=t_end, step_ms_before=before, step_ms_during=during,
@@ -551,12 +592,58 @@ class SyncJobHarness:
             argv = hogs + ["disk", "--dir", case_dir, "--threads", DISK_HOG_THREADS, "--chunk-mb", DISK_HOG_CHUNK_MB,
                            "--seconds", bound]
             self.fault_procs.append(self._popen("diskhog", host, argv, case_dir / f"diskhog-{host}.log"))
+        elif fault in ("net-slow", "net-link"):
+            if fault == "net-link":
+                if host not in self.links:
+                    raise HarnessError("net-link needs the stand-in links (SyncJobHarness(standin_links=True))")
+                self.links[host].set_speed("eth0", LINK_DOWN_MBPS)
+                self.trained_down.append(host)
+            self.throttle_link(host, self.link_rate(rank))
+        elif fault == "net-slow-all":
+            for r, h in enumerate(self.hosts):
+                self.throttle_link(h, self.link_rate(r))
         elif fault != "none":
             line = {"self-contention": f"threads={SELF_THREADS}", "host-compute": f"host_ms={HOST_MS}",
                     "gpu-slow": f"gpu_factor={GPU_FACTOR}", "io-self": f"io_mb={IO_SELF_MB}"}[fault]
             _write_atomic(controls[rank], base[rank] + line + "\n")
 
+    def link_ends(self, host):
+        """[(netns or None, device)]: the host's eth0 (its egress) and the bridge's end of its veth (its
+        ingress), found by the veth's peer index."""
+        netns = self.bed.netns[host]
+        shown = subprocess.run(["ip", "-n", netns, "-o", "link", "show", "eth0"], capture_output=True, text=True,
+                               timeout=10, check=True).stdout
+        peer = shown.split(":", 2)[1].strip().partition("@if")[2]
+        for line in subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, timeout=10,
+                                   check=True).stdout.splitlines():
+            index, name = line.split(":", 2)[:2]
+            if index.strip() == peer:
+                return [(netns, "eth0"), (None, name.strip().partition("@")[0])]
+        raise HarnessError(f"{host}: the bridge's end of its veth (ifindex {peer}) was not found")
+
+    def link_rate(self, rank):
+        """net-slow's rate for a rank's link: NET_RATE_KBIT per peer it talks to (the stand-in NCCL reduces
+        through rank 0: it talks to every other rank, each of them to rank 0 alone)."""
+        return f"{NET_RATE_KBIT * (len(self.hosts) - 1 if rank == 0 else 1)}kbit"
+
+    def throttle_link(self, host, rate, latency=NET_LATENCY):
+        """A tbf qdisc of `rate` on both ends of the host's link (removed by unthrottle_links)."""
+        for netns, dev in self.link_ends(host):
+            argv = ["tc"] + (["-n", netns] if netns else []) + ["qdisc", "replace", "dev", dev, "root", "tbf",
+                                                                "rate", rate, "burst", "4kb", "latency", latency]
+            subprocess.run(argv, capture_output=True, text=True, timeout=10, check=True)
+            self.throttled.append((netns, dev))
+
+    def unthrottle_links(self):
+        while self.trained_down:
+            self.links[self.trained_down.pop()].set_speed("eth0", LINK_MBPS)
+        while self.throttled:
+            netns, dev = self.throttled.pop()
+            subprocess.run(["tc"] + (["-n", netns] if netns else []) + ["qdisc", "del", "dev", dev, "root"],
+                           capture_output=True, text=True, timeout=10)
+
     def _remove(self, controls, base):
+        self.unthrottle_links()
         if self.fault_procs:
             stop_procs(self.fault_procs, grace_s=10.0)
             self.fault_procs = []
@@ -632,6 +719,7 @@ class SyncJobHarness:
     def close(self):
         """Stop the job, the fault processes and the agents (idempotent)."""
         try:
+            self.unthrottle_links()
             if self.job:
                 stop_procs(self.job, grace_s=5.0)
                 self.job = []

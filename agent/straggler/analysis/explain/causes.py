@@ -3,7 +3,8 @@ evidence and their words, and the recommendation of each class — what findings
 timeline.py share (they import this, never each other for it). Nothing here decides or reads anything."""
 
 CAUSE_CLASSES = ("cpu-contention", "self-contention", "host-compute", "gpu-slow", "cuda-calls", "io-self",
-                 "io-other", "more-work", "gpu-throttled", "gpu-link", "gpu-errors", "unknown")
+                 "io-other", "more-work", "gpu-throttled", "gpu-link", "gpu-errors", "net-link", "net-congestion",
+                 "unknown")
 MORE_WORK_RECOMMENDATION = (
     "balance the work, not the hardware — this node is healthy, do not drain it: even out the pipeline stages "
     "(move layers off this rank's stage), pack or bucket sequences so every rank's batch holds as many tokens, "
@@ -19,6 +20,17 @@ DEVICE_RECOMMENDATION = {
                  "bad slot) or its NVLinks report errors (nvidia-smi nvlink -e); drain the node and service it"),
     "gpu-errors": ("drain the node and reset the GPU (nvidia-smi -r, or a reboot); service it if the errors come "
                    "back (Xid meanings: docs/devices.md)"),
+}
+
+NET_WORDS = {"net-link": "link degraded", "net-congestion": "network congested"}
+NET_RECOMMENDATION = {
+    "net-link": ("check that link: its cable or optic and the switch port (ethtool IFACE for speed and duplex, "
+                 "ethtool -S IFACE for its error counters, ip -s link; on InfiniBand ibstat and perfquery); reseat "
+                 "or replace the cable, move the node off the port, drain it if the link keeps flapping"),
+    "net-congestion": ("look at the path, not the GPU: the node's uplink and its switch port (congestion counters, "
+                       "ECN/PFC pauses), other traffic on that node (ss -ti for its connections' round trips and "
+                       "retransmissions, a backup or a data loader pulling over the same link), the job's NCCL "
+                       "traffic class; move the node to another leaf if it stays"),
 }
 
 

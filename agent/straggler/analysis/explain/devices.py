@@ -18,7 +18,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from ...devices.nvml import CLOCK_EVENTS, SLOWDOWN_EVENTS
-from . import episodes as ep
+from . import episodes as ep, evidence as evidence_rule
 from .causes import DEVICE_KINDS as KINDS
 from .sql import values_cte
 
@@ -217,28 +217,12 @@ def judge(sample_rows, error_rows, job=None):
 def standing_out(evidence):
     """The GPUs whose evidence stands out: its kind is on at most MAX_ALIKE of all the GPUs seen (a
     fleet-wide condition — every GPU capped, or every link at gen 3 — names nobody)."""
-    total = len(evidence)
-    if total < 2:
-        return []
-    by_kind = {}
-    for ev in evidence.values():
-        if ev.kind:
-            by_kind.setdefault(ev.kind, []).append(ev)
-    out = []
-    for kind, evs in by_kind.items():
-        if len(evs) / total <= MAX_ALIKE:
-            out.extend(evs)
-    return sorted(out, key=lambda ev: (KINDS.index(ev.kind), ev.node, ev.gpu))
+    return evidence_rule.standing_out(evidence, MAX_ALIKE, lambda ev: (KINDS.index(ev.kind), ev.node, ev.gpu))
 
 
 def alike(evidence):
     """The kinds every (more than MAX_ALIKE of the) GPU(s) show alike: {kind: [GpuEvidence]}."""
-    total = len(evidence)
-    by_kind = {}
-    for ev in evidence.values():
-        if ev.kind:
-            by_kind.setdefault(ev.kind, []).append(ev)
-    return {k: v for k, v in by_kind.items() if total and len(v) / total > MAX_ALIKE}
+    return evidence_rule.alike(evidence, MAX_ALIKE)
 
 
 def label(ev):

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 from ...errors import StragglerError, UsageError
 from ...store.steptime import rank_time
-from . import coarse, devices, episodes, findings, model, span, sql, steps, timeline
+from . import coarse, devices, episodes, findings, model, network, span, sql, steps, timeline
 from .causes import CAUSE_CLASSES
 from .report import SEVERITY_ORDER, Report
 from .runners import ConnRunner, DbRunner, FleetRunner
@@ -314,6 +314,12 @@ def _judge_stretch(runner, opts, callers, span_rows, cut, wait_def=None):
         if len(judged) >= MAX_EPISODES_JUDGED:
             break
     device = _device_evidence(runner, opts, series, found, judged, span_rows) if series else None
+    net = _network_evidence(runner, opts, series, found, judged, span_rows) if series else None
+    if net:
+        device = device or {"attach": {}, "warnings": []}
+        device["warnings"].extend(net["warnings"])
+        for key, items in net["attach"].items():
+            device["attach"].setdefault(key, []).extend(items)
     for j in judged:
         j.series, j.cut = series, cut
         j.attach = (device or {}).get("attach", {}).get(id(j), [])
@@ -332,7 +338,10 @@ def _assemble(report, judged, warnings):
             findings.communicator_finding(sub, j.analysis, j.cut)      # where its peers waited for it
             j.findings = _order(sub.findings)
             for ev, texts in j.attach:
-                findings.add_device_evidence(j.findings, ev, texts)
+                if isinstance(ev, network.LinkEvidence):
+                    findings.add_link_evidence(j.findings, ev, texts)
+                else:
+                    findings.add_device_evidence(j.findings, ev, texts)
         report.episodes.append(timeline.episode_dict(j.series, j))
     report.findings.extend(warnings)
     top = judged[0]
@@ -471,14 +480,8 @@ def _device_evidence(runner, opts, series, found, judged, span_rows):
         """The episode of a GPU named by its own word (`texts`: its SQL) over `run` (rates/ref None: all
         along), its findings placed on its node's clock."""
         keys = sorted(k for k, gpus in gpu_of.items() if k[0] == ev.node and ev.gpu in gpus and k in series.ranks)
-        j = timeline.judge_device(series, run, ev, keys, rates, ref, eopts=opts.episode_options())
-        j.analysis = analyse(runner, opts, timeline.episode_windows(series, j.episode, found), span_rows)
-        ranks = [series.rank_of.get(k) for k in keys if series.rank_of.get(k) is not None]
-        j.findings = findings.device_findings(series.sql, texts, j, ev, ranks)
-        for f in j.findings:
-            f.at_ns = series.to_node(ev.node, j.episode.start_ns)
-            f.window_ns = [f.at_ns, series.to_node(ev.node, j.episode.end_ns)]
-        return j
+        return _named_by_its_word(runner, opts, series, found, span_rows, ev, keys, run, rates, ref,
+                                  lambda j, ranks: findings.device_findings(series.sql, texts, j, ev, ranks))
 
     # a GPU that said so all along: the trace has no clean time to measure the job's slowdown against, so
     # the GPU is judged against the other GPUs at work at the same time (devices.standing_out)
@@ -536,6 +539,112 @@ def _device_evidence(runner, opts, series, found, judged, span_rows):
                 out["warnings"].append(findings.device_warning(ev, run_texts, "while the job did not slow down"))
                 break
     return out
+
+
+def _named_by_its_word(runner, opts, series, found, span_rows, ev, keys, run, rates, ref, make_findings):
+    """The episode of a unit named by its own word (a GPU's, a node's links): `ev` over `run` (rates/ref
+    None: all along) with its node's ranks `keys`, its findings (make_findings(judged, ranks)) placed on
+    its node's clock."""
+    j = timeline.judge_device(series, run, ev, keys, rates, ref, eopts=opts.episode_options())
+    j.analysis = analyse(runner, opts, timeline.episode_windows(series, j.episode, found), span_rows)
+    j.findings = make_findings(j, [series.rank_of.get(k) for k in keys if series.rank_of.get(k) is not None])
+    for f in j.findings:
+        f.at_ns = series.to_node(ev.node, j.episode.start_ns)
+        f.window_ns = [f.at_ns, series.to_node(ev.node, j.episode.end_ns)]
+    return j
+
+
+def _network_evidence(runner, opts, series, found, judged, span_rows):
+    """What the nodes' links said (network.py), where the stores have network samples: an episode for a
+    node whose link alone says why when the whole job slowed with nobody waiting less (every rank waits
+    alike in its collectives behind a slow link) and no GPU said why — appended to `judged`; a named
+    straggler's link evidence attached to its episode; warnings for link evidence on every node alike
+    (the fabric's), between two nodes that cannot be told apart, or without a slowdown. None without
+    network samples."""
+    if not network.has_net_tables(runner):
+        return None
+    out = {"attach": {}, "warnings": []}
+    named = set()
+    for j in judged:                   # the named ranks' nodes over their own episode: their link's word too
+        e = j.episode
+        if not j.analysis or not j.analysis.verdict.stragglers:
+            continue
+        evidence, _, texts = network.over(runner, series, e.start, e.end)
+        standing = {ev.key: ev for ev in network.standing_out(evidence)}
+        for node in sorted({s["rank"].key[0] for s in j.analysis.verdict.stragglers}):
+            if node in standing and node not in named:
+                out["attach"].setdefault(id(j), []).append((standing[node], texts))
+                named.add(node)
+    busy = {b for j in judged for b in range(j.episode.start, j.episode.end)}     # named already
+    # a link slow all along: the trace has no clean time to measure the job's slowdown against, so the
+    # node's links are judged against the other nodes' at the same time, in each third of the trace
+    along = _net_all_along(runner, series, busy)
+    if along is not None:
+        ev, texts, run = along
+        keys = sorted(k for k in series.ranks if k[0] == ev.node)
+        judged.append(_named_by_its_word(runner, opts, series, found, span_rows, ev, keys, run, None, None,
+                                         lambda j, ranks: findings.link_findings(series.sql, texts, j, ev, ranks)))
+        named.add(ev.node)
+        busy.update(range(run.start, run.end))
+    runs, rates, ref = timeline.job_slow_runs(series, opts.episode_options())
+    slow_bins = set()
+    for run in runs:                   # the job slowed, nobody waited less, no GPU said why: whose link?
+        slow_bins.update(range(run.start, run.end))
+        if any(b in busy for b in range(run.start, run.end)):
+            continue
+        evidence, ambiguous, texts = network.over(runner, series, run.start, run.end)
+        why = f"while the job ran ×{1 / max(0.1, 1 - run.mean_gap):.2f} slower"
+        for ev in network.standing_out(evidence):
+            if ev.node in named:
+                continue
+            keys = sorted(k for k in series.ranks if k[0] == ev.node)
+            judged.append(_named_by_its_word(runner, opts, series, found, span_rows, ev, keys, run, rates, ref,
+                                             lambda j, ranks, ev=ev: findings.link_findings(series.sql, texts, j, ev,
+                                                                                            ranks)))
+            named.add(ev.node)
+        for kind, evs in network.alike(evidence).items():
+            out["warnings"].append(findings.link_warning(
+                evs[0], texts, f"as on {len(evs) - 1} other node(s) alike {why}: a condition of the fabric, no one "
+                               f"node's"))
+        if ambiguous:
+            pairs = "; ".join(" and ".join(p) for p in ambiguous)
+            ev = network.LinkEvidence(node=ambiguous[0][0], kind="net-congestion",
+                                      detail=f"slow round trips between {pairs}, whose ends cannot be told apart")
+            out["warnings"].append(findings.link_warning(ev, texts, why, node=None))
+    if not runs and series.n_bins >= 2:   # no slowdown: a node's link evidence over the trace is a warning
+        evidence, _, texts = network.over(runner, series, 0, series.n_bins)
+        for ev in network.standing_out(evidence):
+            if ev.node not in named:
+                out["warnings"].append(findings.link_warning(ev, texts, "while the job did not slow down"))
+    return out
+
+
+NET_ALONG_PARTS = 3                    # a link slow all along stands out in each of this many parts of the trace
+
+
+def _net_all_along(runner, series, busy):
+    """(LinkEvidence, its SQL, the run of the job's bins) of the one node whose links stand out with the
+    same kind in each of NET_ALONG_PARTS parts of the trace, where no episode is named yet; else None."""
+    job_bins = sorted(set().union(*(timeline.usable(series, k) for k in series.ranks))) if series.ranks else []
+    if len(job_bins) < 2 * NET_ALONG_PARTS or sum(1 for b in job_bins if b in busy) > len(job_bins) / 2:
+        return None
+    size = len(job_bins) / NET_ALONG_PARTS
+    kinds, last = None, None
+    for part in range(NET_ALONG_PARTS):
+        lo, hi = job_bins[int(part * size)], job_bins[min(len(job_bins) - 1, int((part + 1) * size) - 1)] + 1
+        evidence, _, texts = network.over(runner, series, lo, hi)
+        standing = {ev.node: ev.kind for ev in network.standing_out(evidence)}
+        kinds = standing if kinds is None else {n: k for n, k in kinds.items() if standing.get(n) == k}
+        if not kinds:
+            return None
+    if len(kinds) != 1:
+        return None
+    start, end = job_bins[0], job_bins[-1] + 1
+    evidence, _, texts = network.over(runner, series, start, end)
+    ev = evidence.get(next(iter(kinds)))
+    if ev is None or ev.kind != kinds[ev.node]:
+        return None
+    return ev, texts, episodes.Run(start=start, end=end, bins=end - start, on_runs=[(start, end)])
 
 
 ALL_ALONG_SHARE = 0.8                  # a GPU's evidence over this share of the job's bins: there all along

@@ -6,7 +6,7 @@ from ...probes import symbols
 from ...text import fmt_bytes, fmt_ns as _fmt_ns
 from . import comms as comms_model, model, sql
 from .causes import (CAUSE_CLASSES, DEVICE_RECOMMENDATION, DEVICE_WORDS, IMBALANCE_RECOMMENDATION,
-                     MORE_WORK_RECOMMENDATION, SIMPLE_CAUSES)
+                     MORE_WORK_RECOMMENDATION, NET_RECOMMENDATION, NET_WORDS, SIMPLE_CAUSES)
 from .report import Finding
 
 
@@ -149,6 +149,54 @@ def device_findings(series_sql, device_sql, j, ev, ranks):
                    share=1.0)]
     del e
     return out
+
+
+def link_findings(series_sql, link_sql, j, ev, ranks):
+    """The findings of an episode named by a node's links (network.py): every rank waited alike in its
+    collectives, the job ran slower, and one node's link alone says why."""
+    node = ev.node
+    who = (f"rank {_rank_list(ranks)}" if len(ranks) == 1 else f"ranks {_rank_list(ranks)}") if ranks else "its ranks"
+    link = f", {ev.link}" if ev.link else ""
+    peers = f"; slow to {', '.join(ev.peers)}" if ev.peers else ""
+    if j.all_along:
+        how = ("slow all along: no clean time in this trace (its link said so in every part of it), so the job's "
+               "slowdown is not measured; judged against the other nodes' links at the same time. Every rank waited "
+               "alike in its collectives")
+    else:
+        how = f"the job ran ×{j.slowdown:.2f} slower while every rank waited alike in its collectives"
+    summary = (f"{node} ({who}{link}) is the straggler: {how} (the calls cannot tell whose link is slow) — and its "
+               f"link alone says why: {ev.detail}{peers}")
+    sql_texts = {"series": series_sql.strip(), **{k: v.strip() for k, v in link_sql.items()}}
+    numbers = dict(link=ev.link, peers=", ".join(ev.peers), slowdown=None if j.slowdown is None else round(j.slowdown, 3),
+                   all_along=j.all_along, **ev.numbers)
+    return [Finding(severity="critical", node=node, cause="straggler", summary=summary, numbers=numbers,
+                    sql=sql_texts, recommendation="see the cause finding below", share=1.0),
+            Finding(severity="critical", node=node, cause=ev.kind,
+                    summary=f"{NET_WORDS[ev.kind].capitalize()} on {node}{link} ({who}): {ev.detail}{peers}",
+                    numbers=dict(link=ev.link, peers=", ".join(ev.peers), **ev.numbers),
+                    sql={k: v.strip() for k, v in link_sql.items()}, recommendation=NET_RECOMMENDATION[ev.kind],
+                    share=1.0)]
+
+
+def add_link_evidence(found, ev, link_sql):
+    """A straggler named by its waits whose node's link also says why: an info finding beside its causes."""
+    link = f" {ev.link}" if ev.link else ""
+    found.append(Finding(severity="info", node=ev.node, cause=ev.kind,
+                         summary=f"{ev.node}: its link{link} says why too — {NET_WORDS[ev.kind]}: {ev.detail}",
+                         numbers=dict(link=ev.link, peers=", ".join(ev.peers), **ev.numbers),
+                         sql={k: v.strip() for k, v in link_sql.items()},
+                         recommendation=NET_RECOMMENDATION[ev.kind], share=0.0))
+
+
+def link_warning(ev, link_sql, why, node=None):
+    """A link's evidence where the job did not slow down, or on every node alike: a warning, never a
+    straggler."""
+    link = f" {ev.link}" if ev.link else ""
+    return Finding(severity="warning", node=node if node is not None else ev.node, cause=ev.kind,
+                   summary=f"{NET_WORDS[ev.kind].capitalize()} on {ev.node}{link}, {why}: {ev.detail}",
+                   numbers=dict(link=ev.link, peers=", ".join(ev.peers), **ev.numbers),
+                   sql={k: v.strip() for k, v in link_sql.items()}, recommendation=NET_RECOMMENDATION[ev.kind],
+                   share=0.0)
 
 
 def add_device_evidence(found, ev, device_sql):
