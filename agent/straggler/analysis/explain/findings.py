@@ -127,7 +127,7 @@ def device_findings(series_sql, device_sql, j, ev, ranks):
     """The findings of an episode named by a GPU's own word (devices.py): every rank waited alike, the
     job ran slower, and one GPU alone reports throttling, a degraded link or errors."""
     node = ev.node
-    who = (f"rank {_rank_list(ranks)}" if len(ranks) == 1 else f"ranks {_rank_list(ranks)}") if ranks else "its ranks"
+    who = _ranks_words(ranks)
     e = j.episode
     if j.all_along:
         how = ("slow all along: no clean time in this trace (its GPU said so from the first sample to the last), "
@@ -155,7 +155,7 @@ def link_findings(series_sql, link_sql, j, ev, ranks):
     """The findings of an episode named by a node's links (network.py): every rank waited alike in its
     collectives, the job ran slower, and one node's link alone says why."""
     node = ev.node
-    who = (f"rank {_rank_list(ranks)}" if len(ranks) == 1 else f"ranks {_rank_list(ranks)}") if ranks else "its ranks"
+    who = _ranks_words(ranks)
     link = f", {ev.link}" if ev.link else ""
     peers = f"; slow to {', '.join(ev.peers)}" if ev.peers else ""
     if j.all_along:
@@ -223,6 +223,11 @@ def device_warning(ev, device_sql, why):
                    numbers=dict(gpu=ev.gpu, **{k: v for k, v in ev.numbers.items() if not isinstance(v, list)}),
                    sql={k: v.strip() for k, v in device_sql.items()}, recommendation=DEVICE_RECOMMENDATION[ev.kind],
                    share=0.0)
+
+
+def _ranks_words(ranks):
+    """'rank 2', 'ranks 0-3', or 'its ranks' (none known)."""
+    return (f"rank {_rank_list(ranks)}" if len(ranks) == 1 else f"ranks {_rank_list(ranks)}") if ranks else "its ranks"
 
 
 def _rank_list(ranks):
