@@ -316,13 +316,10 @@ def _judge_stretch(runner, opts, callers, span_rows, cut, wait_def=None):
     device = _device_evidence(runner, opts, series, found, judged, span_rows) if series else None
     net = _network_evidence(runner, opts, series, found, judged, span_rows) if series else None
     if net:
-        device = device or {"attach": {}, "warnings": []}
+        device = device or {"warnings": []}
         device["warnings"].extend(net["warnings"])
-        for key, items in net["attach"].items():
-            device["attach"].setdefault(key, []).extend(items)
     for j in judged:
         j.series, j.cut = series, cut
-        j.attach = (device or {}).get("attach", {}).get(id(j), [])
     return series, judged, device
 
 
@@ -449,8 +446,8 @@ def _episodes_long(runner, opts, report, plan, span_rows):
 
 
 def _device_evidence(runner, opts, series, found, judged, span_rows):
-    """What the GPUs said (devices.py), where the store has their samples: evidence added to the judged
-    episodes' GPUs; an episode for a GPU that alone says why when the whole job slowed with nobody
+    """What the GPUs said (devices.py), where the store has their samples: the judged episodes' GPUs'
+    evidence (into each one's `attach`); an episode for a GPU that alone says why when the whole job slowed with nobody
     waiting less (collectives that only enqueue) — appended to `judged`; and warnings for a GPU's
     evidence without a slowdown. None without device samples."""
     if not devices.has_device_tables(runner):
@@ -459,7 +456,7 @@ def _device_evidence(runner, opts, series, found, judged, span_rows):
     rows = [dict(r, local_rank=ranks_of.get((r["node"], int(r["pid"])), {}).get("local_rank")) for r in span_rows]
     gpu_of = devices.gpus_of(runner.rows(devices.GPU_OF_PROCESS), rows)
     job = {(k[0], gpu) for k, gpus in gpu_of.items() if k in series.ranks for gpu in gpus}   # the job's GPUs
-    out = {"attach": {}, "warnings": []}
+    out = {"warnings": []}
     named = set()
     for j in judged:                   # the named ranks' GPUs over their own episode
         e = j.episode
@@ -469,7 +466,7 @@ def _device_evidence(runner, opts, series, found, judged, span_rows):
             for gpu in gpu_of.get(s["rank"].key, []):
                 ev = standing.get((s["rank"].key[0], gpu))
                 if ev is not None and ev.key not in named:
-                    out["attach"].setdefault(id(j), []).append((ev, texts))
+                    j.attach.append((ev, texts))
                     named.add(ev.key)
     busy = {b for j in judged for b in range(j.episode.start, j.episode.end)}     # named by the waits
     series_texts = {"gpu_samples": devices.device_series_sql(series),
@@ -563,7 +560,7 @@ def _network_evidence(runner, opts, series, found, judged, span_rows):
     network samples."""
     if not network.has_net_tables(runner):
         return None
-    out = {"attach": {}, "warnings": []}
+    out = {"warnings": []}
     named = set()
     for j in judged:                   # the named ranks' nodes over their own episode: their link's word too
         e = j.episode
@@ -573,7 +570,7 @@ def _network_evidence(runner, opts, series, found, judged, span_rows):
         standing = {ev.key: ev for ev in network.standing_out(evidence)}
         for node in sorted({s["rank"].key[0] for s in j.analysis.verdict.stragglers}):
             if node in standing and node not in named:
-                out["attach"].setdefault(id(j), []).append((standing[node], texts))
+                j.attach.append((standing[node], texts))
                 named.add(node)
     busy = {b for j in judged for b in range(j.episode.start, j.episode.end)}     # named already
     # a link slow all along: the trace has no clean time to measure the job's slowdown against, so the
