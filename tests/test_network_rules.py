@@ -150,3 +150,31 @@ def test_an_rdma_port_down_or_waiting_for_credit_stands_out():
     assert "port_xmit_wait" in named["gpu-node-02"].detail
     assert named["gpu-node-04"].kind == "net-link" and "went down 2 time(s)" in named["gpu-node-04"].detail
     assert set(named) == {"gpu-node-02", "gpu-node-04"}
+
+
+def test_one_ends_slow_readings_are_its_peers_held_back_acknowledgements_not_a_slow_link():
+    """A hub that answers a spoke only once its slowest rank's data is in holds that spoke's
+    acknowledgements back: the spoke's readings grow (20 ms), the hub's of the same connection do not.
+    A slow link slows both ends' readings: this is no evidence of a link, all along or not."""
+    flows = star()
+    flows = [dict(r, srtt_us=20_000) if (r["node"], r["peer_addr"]) == ("gpu-node-04", ADDR["gpu-node-01"]) else r
+             for r in flows]
+    evidence, ambiguous = judged(flows)
+    assert network.standing_out(evidence) == [] and not ambiguous
+
+
+def test_a_connection_to_a_server_outside_the_job_is_no_evidence():
+    """Only one end of it is timed, and a server answers after its own work (a request's round trip is
+    not the link's)."""
+    outside = dict(flow("gpu-node-02", "gpu-node-01", 50_000), peer_addr="192.0.2.50")
+    evidence, ambiguous = judged(star() + [outside])
+    assert network.standing_out(evidence) == [] and not ambiguous
+
+
+def test_a_connection_timed_by_one_end_only_is_no_evidence():
+    """gpu-node-01's readings of its connection to gpu-node-04 are missing (its agent lost them): the
+    other end's alone could be held-back acknowledgements."""
+    flows = [r for r in star(slow_spoke="gpu-node-04")
+             if (r["node"], r["peer_addr"]) != ("gpu-node-01", ADDR["gpu-node-04"])]
+    evidence, ambiguous = judged(flows)
+    assert network.standing_out(evidence) == [] and not ambiguous

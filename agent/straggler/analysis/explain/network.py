@@ -12,11 +12,13 @@ The kinds of evidence, each a cause class of its own:
                   port waiting for credit (port_xmit_wait) far more than the others
 A node is named only when its evidence stands out: the nodes must not all look alike (a fabric-wide
 condition names nobody). Only a link at work is evidence: an interface the job's connections leave by,
-or one whose traffic grew; an RDMA port whose data counters grew. The round trips of one connection are
-shared by its two ends: the node is the end common to the slow connections (the hub of a star, one rank
-of a ring), or the end slow to all its peers where the other end is fast to the rest of its own; two
-ends that cannot be told apart (a two-node job) name nobody. Pure rules over rows, with the SQL beside
-them; nothing here writes.
+or one whose traffic grew; an RDMA port whose data counters grew. A connection between two of the job's
+nodes is timed by both its ends, and its round trip is the lower of their readings (slow_pairs: a
+receiver's held-back acknowledgements inflate one end's only). Its slowness is shared by its two ends:
+the node named is the end common to the slow connections while connections between other nodes are
+fast (one rank of a ring), or the end slow to all its peers where the other end is fast to the rest of
+its own (a spoke of a star); ends that cannot be told apart (a two-node job, a star's every connection)
+name nobody. Pure rules over rows, with the SQL beside them; nothing here writes.
 """
 import statistics
 from dataclasses import dataclass, field
@@ -25,7 +27,7 @@ from . import evidence as evidence_rule
 from .sql import values_cte
 
 RTT_FACTOR = 3.0               # a connection is slow when its round trip is this many times the others' ...
-RTT_MIN_US = 500               # ... (or its own best's) and at least this much longer
+RTT_MIN_US = 1000              # ... (or its own best's) and at least this much longer
 ERRORS_MIN = 10                # errors of a link (or an RDMA port) over the time: fewer are noise
 DROPS_MIN = 100                # packets dropped over the time
 RETRANS_MIN = 10               # retransmitted packets over the time
@@ -140,31 +142,41 @@ def _stands_out(value, others, minimum):
 
 
 def slow_pairs(flow_rows):
-    """The slow connections, as pairs of nodes (or of a node and an address outside the job):
-    {frozenset((a, b)): (rtt_us, usual_us)}, with each node's peers {node: {peer}} — from every node's
-    readings of its connections: a connection is slow when its round trip is RTT_FACTOR times the median
-    of all connections' (and RTT_MIN_US longer), or RTT_FACTOR times its own best over the trace."""
+    """The slow connections between the job's nodes: {frozenset((a, b)): (rtt_us, usual_us)}, with each
+    node's peers {node: {peer}}. A connection's round trip is the lower of its two ends' readings: each
+    end times its data to the other's acknowledgement, and a receiver that holds its acknowledgement back
+    until it has data of its own to send (delayed ACKs: a hub waiting for its slowest rank before it
+    answers the others) inflates one end's readings only, while a slow link slows both. So a connection
+    is judged only where both ends are the job's (a server outside it answers after its own work). A
+    connection is slow when that round trip is RTT_FACTOR times the median of all connections' (and
+    RTT_MIN_US longer), or RTT_FACTOR times its own best over the span."""
     node_of = {r["local_addr"]: r["node"] for r in flow_rows if r["local_addr"]}
-    per_pair, peers = {}, {}
+    views = {}                         # pair -> {end: (rtt, best)}
     for r in flow_rows:
         if r["srtt_us"] is None or not r["rtt_samples"]:
             continue
-        peer = node_of.get(r["peer_addr"], r["peer_addr"])
-        if peer == r["node"]:
+        peer = node_of.get(r["peer_addr"])
+        if peer is None or peer == r["node"]:
             continue
-        pair = frozenset((r["node"], peer))
-        peers.setdefault(r["node"], set()).add(peer)
-        peers.setdefault(peer, set()).add(r["node"])
         rtt, best = float(r["srtt_us"]), r["best_us"]
-        old = per_pair.get(pair)
-        per_pair[pair] = (max(rtt, old[0]), min(best if best is not None else rtt, old[1])) if old else \
-            (rtt, best if best is not None else rtt)
+        best = float(best) if best is not None else rtt
+        old = views.setdefault(frozenset((r["node"], peer)), {}).get(r["node"])
+        views[frozenset((r["node"], peer))][r["node"]] = (max(rtt, old[0]), min(best, old[1])) if old else (rtt, best)
+    per_pair, peers = {}, {}
+    for pair, ends in views.items():
+        if len(ends) < 2:
+            continue
+        per_pair[pair] = (min(rtt for rtt, _ in ends.values()), min(best for _, best in ends.values()))
+        a, b = tuple(pair)
+        peers.setdefault(a, set()).add(b)
+        peers.setdefault(b, set()).add(a)
     usual = _median([rtt for rtt, _ in per_pair.values()])
     slow = {}
     for pair, (rtt, best) in per_pair.items():
-        if (usual is not None and rtt >= RTT_FACTOR * usual and rtt - usual >= RTT_MIN_US) or \
-                (best and rtt >= RTT_FACTOR * best and rtt - best >= RTT_MIN_US):
-            slow[pair] = (rtt, usual if usual is not None and rtt >= RTT_FACTOR * usual else best)
+        if usual is not None and rtt >= RTT_FACTOR * usual and rtt - usual >= RTT_MIN_US:
+            slow[pair] = (rtt, usual)
+        elif best and rtt >= RTT_FACTOR * best and rtt - best >= RTT_MIN_US:
+            slow[pair] = (rtt, best)
     return slow, peers
 
 
