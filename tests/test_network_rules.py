@@ -12,7 +12,7 @@ ADDR = {n: f"10.0.0.{11 + i}" for i, n in enumerate(NODES)}
 
 def flow(node, peer, srtt_us, best_us=None, retransmits=0, iface="eth0", nbytes=400_000):
     return dict(node=node, peer_addr=ADDR[peer], local_addr=ADDR[node], iface=iface, bytes=nbytes,
-                retransmits=retransmits, rtt_samples=50, srtt_us=srtt_us, srtt_max_us=srtt_us * 2,
+                tx_bytes=nbytes // 2, retransmits=retransmits, rtt_samples=50, srtt_us=srtt_us, srtt_max_us=srtt_us * 2,
                 best_us=best_us if best_us is not None else srtt_us)
 
 
@@ -131,8 +131,11 @@ def test_errors_and_retransmissions_count_only_above_their_noise():
     flows[2] = dict(flows[2], retransmits=2)
     evidence, _ = judged(flows, ifaces)
     assert network.standing_out(evidence) == []
+    flows[2] = dict(flows[2], retransmits=16, tx_bytes=3_000_000)     # 16 of some 2,000 segments: noise
+    evidence, _ = judged(flows, ifaces)
+    assert network.standing_out(evidence) == []
     ifaces[0] = iface("gpu-node-01", errors=500)
-    flows[2] = dict(flows[2], retransmits=300)          # gpu-node-03's connection
+    flows[2] = dict(flows[2], retransmits=300)          # gpu-node-03's connection, in as much traffic
     evidence, _ = judged(flows, ifaces)
     named = {ev.node: ev for ev in network.standing_out(evidence)}
     assert named["gpu-node-01"].kind == "net-link" and "500 errors" in named["gpu-node-01"].detail

@@ -608,7 +608,7 @@ def _network_evidence(runner, opts, series, found, judged, span_rows):
             ev = network.LinkEvidence(node=ambiguous[0][0], kind="net-congestion",
                                       detail=f"slow round trips between {pairs}, whose ends cannot be told apart")
             out["warnings"].append(findings.link_warning(ev, texts, why, node=None))
-    if not runs and series.n_bins >= 2:   # no slowdown: a node's link evidence over the trace is a warning
+    if not runs and not busy and series.n_bins >= 2:   # no slowdown, nobody named: a link's evidence warns
         evidence, _, texts = network.over(runner, series, 0, series.n_bins)
         for ev in network.standing_out(evidence):
             if ev.node not in named:

@@ -30,7 +30,9 @@ RTT_FACTOR = 3.0               # a connection is slow when its round trip is thi
 RTT_MIN_US = 1000              # ... (or its own best's) and at least this much longer
 ERRORS_MIN = 10                # errors of a link (or an RDMA port) over the time: fewer are noise
 DROPS_MIN = 100                # packets dropped over the time
-RETRANS_MIN = 10               # retransmitted packets over the time
+RETRANS_MIN = 10               # retransmitted packets over the time ...
+RETRANS_SHARE = 0.02           # ... and this share of the segments it sent (its bytes over a full segment's)
+SEGMENT_BYTES = 1448           # a full TCP segment's payload (an Ethernet MTU's)
 STANDS_OUT = 3.0               # retransmissions, drops or transmit waits: this many times the other nodes' median
 SPEED_DROP = 0.75              # a link below this share of what it can do, or of the other nodes' links
 MAX_ALIKE = 0.5                # more than this share of the nodes with the same kind: they all look alike
@@ -116,7 +118,7 @@ best AS (SELECT f.node, f.peer_addr, MIN(f.srtt_us) AS best_us
          FROM sp JOIN net_flows f ON f.node = sp.node AND f.ts >= sp.lo AND f.ts < sp.hi
          WHERE f.rtt_samples > 0 AND f.srtt_us IS NOT NULL GROUP BY f.node, f.peer_addr)
 SELECT f.node, f.peer_addr, MIN(f.local_addr) AS local_addr, MIN(f.iface) AS iface,
-       SUM(f.tx_bytes + f.rx_bytes) AS bytes, SUM(f.retransmits) AS retransmits,
+       SUM(f.tx_bytes + f.rx_bytes) AS bytes, SUM(f.tx_bytes) AS tx_bytes, SUM(f.retransmits) AS retransmits,
        SUM(f.rtt_samples) AS rtt_samples,
        SUM(f.srtt_us * f.rtt_samples) * 1.0 / NULLIF(SUM(CASE WHEN f.srtt_us IS NOT NULL THEN f.rtt_samples END), 0)
          AS srtt_us,
@@ -275,11 +277,13 @@ def judge(iface_rows, rdma_rows, flow_rows):
     for node, n in drops.items():
         if _stands_out(n, [v for k, v in drops.items() if k != node], DROPS_MIN):
             found[node].append(("net-congestion", _iface_of(ifaces, node), f"{n} packets dropped", dict(drops=n)))
-    retrans = {}
+    retrans, sent = {}, {}
     for r in flow_rows:
         retrans[r["node"]] = retrans.get(r["node"], 0) + int(r["retransmits"] or 0)
+        sent[r["node"]] = sent.get(r["node"], 0) + int(r.get("tx_bytes") or 0)
     for node, n in retrans.items():
-        if node in found and _stands_out(n, [v for k, v in retrans.items() if k != node], RETRANS_MIN):
+        floor = max(RETRANS_MIN, RETRANS_SHARE * sent[node] / SEGMENT_BYTES)   # a few in much traffic is noise
+        if node in found and _stands_out(n, [v for k, v in retrans.items() if k != node], floor):
             found[node].append(("net-congestion", _iface_of(ifaces, node, flow_rows),
                                 f"{n} packets retransmitted vs {_median([v for k, v in retrans.items() if k != node]):.0f} "
                                 f"on the other nodes", dict(retransmits=n)))
