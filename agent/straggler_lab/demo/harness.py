@@ -62,6 +62,8 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_STRAGGLER_BIN = REPO_ROOT / ".venv" / "bin" / "straggler"
 BASE_PORT = 29640            # rank 0's port: BASE_PORT + the case number (no reuse within a harness)
 STEP_SKIP_S = 2.0            # the first seconds of the warm-up and of the fault window are not counted
+JOB_GAP_S = 4.0              # a job starts this long after the last one stopped: the span a case is explained over
+                             # starts 2 s before its job, and the last job's final 1-s summaries must not be in it
 VALID_SLOWDOWN = 1.3         # a fault case counts only when it slowed the job at least this much
 NONE_MAX_SLOWDOWN = 1.15     # ... and the control case only when it did not move more than this
 
@@ -324,6 +326,7 @@ class SyncJobHarness:
         self.job = []           # _Proc of the ranks of the running case
         self.fault_procs = []   # _Proc of the running case's cpuhog/diskhog
         self.throttled = []     # (netns or None, device): tbf qdiscs of the running case (net-slow)
+        self.last_job_end_ns = None  # when the last job's ranks were stopped (new_case: JOB_GAP_S after it)
         self.clean_step_ms = {}  # rank -> its median step (ms) in the clean time of the latest case that had some
         self.trained_down = []  # hosts whose stand-in eth0 says it trained down (net-link)
         self.links = {}         # host -> its stand-in sysfs tree (standin_links: net-link)
@@ -487,6 +490,8 @@ class SyncJobHarness:
         """A case's directory (its name: `{n}` is the case's number) with no STOP file in it: the libraries
         built, the count of cases up by one -> (case_dir, stop_file)."""
         self._build()
+        if self.last_job_end_ns is not None:   # the last job's final summaries out of this one's span first
+            time.sleep(max(0.0, (self.last_job_end_ns + int(JOB_GAP_S * 1e9) - time.monotonic_ns()) / 1e9))
         self.n_cases += 1
         case_dir = self.out / "cases" / name.format(n=self.n_cases)
         case_dir.mkdir(parents=True, exist_ok=True)
@@ -714,6 +719,7 @@ class SyncJobHarness:
                 pass
         stop_procs(self.job, grace_s=5.0)
         self.job = []
+        self.last_job_end_ns = time.monotonic_ns()
 
     # ---------------------------------------------------------------- the end
     def close(self):
