@@ -225,10 +225,6 @@ def alike(evidence):
     return evidence_rule.alike(evidence, MAX_ALIKE)
 
 
-def label(ev):
-    return f"{ev.node} GPU {ev.gpu}"
-
-
 PROCESS_RANKS = """
 SELECT node, pid, MIN(rank) AS rank, MIN(local_rank) AS local_rank
 FROM processes

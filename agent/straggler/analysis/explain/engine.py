@@ -584,9 +584,7 @@ def _network_evidence(runner, opts, series, found, judged, span_rows):
         named.add(ev.node)
         busy.update(range(run.start, run.end))
     runs, rates, ref = timeline.job_slow_runs(series, opts.episode_options())
-    slow_bins = set()
     for run in runs:                   # the job slowed, nobody waited less, no GPU said why: whose link?
-        slow_bins.update(range(run.start, run.end))
         if any(b in busy for b in range(run.start, run.end)):
             continue
         evidence, ambiguous, texts = network.over(runner, series, run.start, run.end)
@@ -599,7 +597,7 @@ def _network_evidence(runner, opts, series, found, judged, span_rows):
                                              lambda j, ranks, ev=ev: findings.link_findings(series.sql, texts, j, ev,
                                                                                             ranks)))
             named.add(ev.node)
-        for kind, evs in network.alike(evidence).items():
+        for evs in network.alike(evidence).values():
             out["warnings"].append(findings.link_warning(
                 evs[0], texts, f"as on {len(evs) - 1} other node(s) alike {why}: a condition of the fabric, no one "
                                f"node's"))

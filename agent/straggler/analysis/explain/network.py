@@ -348,6 +348,3 @@ def over(runner, series, lo_bin, hi_bin):
                                 runner.rows(texts["net_flows"]))
     return evidence, ambiguous, texts
 
-
-def label(ev):
-    return f"{ev.node} {ev.link}".strip()
