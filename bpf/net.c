@@ -1,6 +1,6 @@
 /*
  * The TCP traffic of traced processes (tgids in `targets`), per connection and interval, from
- * tracepoints only (table net_flows). Compiled only where the kernel has all five tracepoints
+ * tracepoints only (table net_flows). Compiled only where the kernel has all six tracepoints
  * (sock_send_length and sock_recv_length came with Linux 6.3): the agent leaves this file out
  * otherwise, and says so in meta net_probe_state.
  *
@@ -17,6 +17,10 @@
  *       srtt_us >> 3 (include/trace/events/tcp.h): its srtt is in microseconds.
  *   tcp:tcp_retransmit_skb   a packet sent again (with segmentation offload it may hold several
  *       segments); where the tracepoint has `err`, failed attempts are skipped.
+ *   tcp:tcp_cong_state_set   the connection's congestion state changed: entering CWR, Recovery or
+ *       Loss is the kernel reacting to a loss or to congestion (recoveries). A retransmission without
+ *       one was not a loss: a tail-loss probe sent because the peer was slow to acknowledge, which
+ *       the peer's duplicate-SACK then showed spurious (no state change).
  * All of them also teach the entry its addresses (the send/recv tracepoints carry none).
  *
  * The kernel reuses a freed socket's memory for the next one at once, so a connection is its sk
@@ -40,6 +44,8 @@
 #define NET_TCP_ESTABLISHED 1
 #define NET_TCP_SYN_SENT 2
 #define NET_TCP_CLOSE 7
+#define NET_TCP_CA_CWR 2            /* include/net/tcp.h: Open 0, Disorder 1, CWR 2, Recovery 3, Loss 4 */
+#define NET_TCP_CA_LOSS 4
 #define NET_MAX_SOCKS 16384
 
 /* A connection's addresses (user space mirrors them: probes/loader.py read_net_flows). */
@@ -76,6 +82,7 @@ struct net_counts {
     u32 rtt_samples;
     u32 srtt_max_us;
     u32 cwnd_min;      /* 0: no reading */
+    u32 recoveries;    /* entries into TCP_CA_CWR, TCP_CA_Recovery or TCP_CA_Loss */
     u16 opened;
     u16 closed;
 };
@@ -295,5 +302,28 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
     struct net_counts *n = net_counts_of(sk, s);
     if (n)
         __sync_fetch_and_add(&n->retransmits, 1);
+    return 0;
+}
+
+TRACEPOINT_PROBE(tcp, tcp_cong_state_set)
+{
+    count_hit(HIT_NET);
+    u8 state = args->cong_state;
+    if (state < NET_TCP_CA_CWR || state > NET_TCP_CA_LOSS)
+        return 0;
+    u64 sk = (u64)args->skaddr;
+    struct net_sock *s = net_socks.lookup(&sk);
+    if (!s)
+        return 0;
+    if (!net_known(s)) {
+        u16 family = args->family;
+        if (family == NET_AF_INET6)
+            net_learn(&s->a, family, args->sport, args->dport, args->saddr_v6, args->daddr_v6);
+        else
+            net_learn(&s->a, family, args->sport, args->dport, args->saddr, args->daddr);
+    }
+    struct net_counts *n = net_counts_of(sk, s);
+    if (n)
+        __sync_fetch_and_add(&n->recoveries, 1);
     return 0;
 }

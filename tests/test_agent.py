@@ -27,6 +27,7 @@ import pytest
 
 from straggler_lab import procs
 from straggler_lab.standin import build_standin, build_workload
+from straggler.probes import loader
 from straggler.store.schema import SCHEMA_VERSION
 
 pytestmark = pytest.mark.bpf
@@ -445,7 +446,7 @@ class TestRecordAll:
                                         "WHERE library IS NOT NULL AND library NOT LIKE ? GROUP BY 1",
                               ("%/late-standin/%",)))
         net_traced = scalar(agent.db, "SELECT value FROM meta WHERE key = 'net_probe_state'") == "traced"
-        assert tracepoints == 13 + (5 if net_traced else 0)   # + the TCP flows' (net_flows) where the kernel has them
+        assert tracepoints == 13 + (len(loader.NET_TRACEPOINTS) if net_traced else 0)   # + the TCP flows' (net_flows)
         assert at_start["uprobe:"] == at_start["uretprobe:"] >= 40  # every stand-in symbol, entry and return
         assert agent.probe_count == tracepoints + at_start["uprobe:"] + at_start["uretprobe:"]
 

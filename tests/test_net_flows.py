@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from straggler.probes import loader
+from straggler.store import schema
 from straggler.probes.net import (NetFlows, RouteTable, address_of, parse_local_v4, parse_route_v4, parse_route_v6,
                                   route_iface)
 from straggler_lab import procs
@@ -94,15 +95,15 @@ else:
 HEADER = 16
 MANY = 20          # connections one after the other (the kernel reuses a closed socket's memory at once)
 COLUMNS = ("pid", "rank", "family", "local_addr", "local_port", "peer_addr", "peer_port", "iface", "tx_bytes",
-           "rx_bytes", "tx_calls", "rx_calls", "retransmits", "rtt_samples", "srtt_us", "srtt_max_us", "cwnd_min",
-           "opened", "closed", "errors")
+           "rx_bytes", "tx_calls", "rx_calls", "retransmits", "recoveries", "rtt_samples", "srtt_us", "srtt_max_us",
+           "cwnd_min", "opened", "closed", "errors")
 
 
 def flow(db, where, params):
     """One connection end's rows summed over the intervals (None: no row), as a dict."""
     rows = query(db, "SELECT pid, rank, family, local_addr, local_port, peer_addr, peer_port, iface, sum(tx_bytes), "
-                     "sum(rx_bytes), sum(tx_calls), sum(rx_calls), sum(retransmits), sum(rtt_samples), "
-                     "CAST(round(sum(srtt_us * rtt_samples) * 1.0 / sum(rtt_samples)) AS INTEGER), max(srtt_max_us), "
+                     "sum(rx_bytes), sum(tx_calls), sum(rx_calls), sum(retransmits), sum(recoveries), "
+                     "sum(rtt_samples), CAST(round(sum(srtt_us * rtt_samples) * 1.0 / sum(rtt_samples)) AS INTEGER), max(srtt_max_us), "
                      "min(cwnd_min), sum(opened), sum(closed), sum(errors), "
                      "count(DISTINCT pid || ':' || local_port || ':' || coalesce(iface, '')) "
                      f"FROM net_flows WHERE node = ? AND {where}", (NODE, *params))
@@ -313,6 +314,9 @@ class TestLossyLink:
         # sent again: one per retransmitted packet, which may hold several segments (segmentation offload),
         # so at most what namespace A's own counter of segments says (A runs nothing else)
         assert 0 < sent["retransmits"] <= namespace_retransmits(lossy_link["a"])
+        # and the kernel reacted to those losses: the connection went into loss recovery (or a timeout's
+        # loss state) at least once, and at most once per packet sent again
+        assert 1 <= sent["recoveries"] <= sent["retransmits"]
         # a full segment takes 3 ms to cross 4 Mbit/s, and waits behind another: milliseconds, in microseconds
         assert 2_000 <= sent["srtt_us"] <= sent["srtt_max_us"] < 5_000_000
 
@@ -419,10 +423,7 @@ def test_rows_carry_route_rank_and_rtt_in_microseconds(tmp_path):
                                    rx_calls=1),
                 loader.NetCounters(sk=3, tgid=42, family=0, local_addr=b"", local_port=0, peer_addr=b"", peer_port=0,
                                    errors=1)]
-    rows = [dict(zip(("node", "ts", "interval_ns", "pid", "rank", "family", "local_addr", "local_port", "peer_addr",
-                      "peer_port", "iface", "tx_bytes", "rx_bytes", "tx_calls", "rx_calls", "retransmits",
-                      "rtt_samples", "srtt_us", "srtt_max_us", "cwnd_min", "opened", "closed", "errors"), row))
-            for row in flows.rows(5, 1000, counters)]
+    rows = [dict(zip(schema.NET_FLOW_COLUMNS, row)) for row in flows.rows(5, 1000, counters)]
     assert [(r["local_port"], r["peer_addr"], r["iface"], r["srtt_us"], r["srtt_max_us"], r["cwnd_min"], r["rank"])
             for r in rows] == [(None, None, None, None, None, None, 3),      # addresses never learnt
                                (40000, "10.16.1.9", "ib1", 250, 400, 10, 3),

@@ -10,9 +10,10 @@ NODES = ["gpu-node-01", "gpu-node-02", "gpu-node-03", "gpu-node-04"]
 ADDR = {n: f"10.0.0.{11 + i}" for i, n in enumerate(NODES)}
 
 
-def flow(node, peer, srtt_us, best_us=None, retransmits=0, iface="eth0", nbytes=400_000):
+def flow(node, peer, srtt_us, best_us=None, retransmits=0, recoveries=0, iface="eth0", nbytes=400_000):
     return dict(node=node, peer_addr=ADDR[peer], local_addr=ADDR[node], iface=iface, bytes=nbytes,
-                tx_bytes=nbytes // 2, retransmits=retransmits, rtt_samples=50, srtt_us=srtt_us, srtt_max_us=srtt_us * 2,
+                tx_bytes=nbytes // 2, retransmits=retransmits, recoveries=recoveries, rtt_samples=50, srtt_us=srtt_us,
+                srtt_max_us=srtt_us * 2,
                 best_us=best_us if best_us is not None else srtt_us)
 
 
@@ -135,11 +136,30 @@ def test_errors_and_retransmissions_count_only_above_their_noise():
     evidence, _ = judged(flows, ifaces)
     assert network.standing_out(evidence) == []
     ifaces[0] = iface("gpu-node-01", errors=500)
-    flows[2] = dict(flows[2], retransmits=300)          # gpu-node-03's connection, in as much traffic
+    flows[2] = dict(flows[2], retransmits=300, recoveries=40)   # gpu-node-03's connection, in as much traffic
     evidence, _ = judged(flows, ifaces)
     named = {ev.node: ev for ev in network.standing_out(evidence)}
     assert named["gpu-node-01"].kind == "net-link" and "500 errors" in named["gpu-node-01"].detail
     assert named["gpu-node-03"].kind == "net-congestion" and "300 packets retransmitted" in named["gpu-node-03"].detail
+    assert "40 loss recoveries" in named["gpu-node-03"].detail
+
+
+def test_retransmissions_the_kernel_never_recovered_from_are_the_peers_slow_acknowledgements():
+    """A rank that reaches each collective first sends to peers still at their own work; they hold their
+    acknowledgements back and its kernel probes the tail again (tail-loss probes, retransmissions that the
+    peer's duplicate-SACK shows spurious: no recovery follows). Its many retransmissions are its peers'
+    doing, not its link's: it is not named. The same count in loss recoveries is its link's."""
+    ifaces = [iface(n) for n in NODES]
+    flows = star()
+    flows[2] = dict(flows[2], retransmits=109, tx_bytes=60_000)
+    evidence, _ = judged(flows, ifaces)
+    assert network.standing_out(evidence) == []
+    flows[2] = dict(flows[2], recoveries=2)             # a spurious timeout or two: still not the link
+    evidence, _ = judged(flows, ifaces)
+    assert network.standing_out(evidence) == []
+    flows[2] = dict(flows[2], recoveries=12)
+    evidence, _ = judged(flows, ifaces)
+    assert [ev.node for ev in network.standing_out(evidence)] == ["gpu-node-03"]
 
 
 def test_an_rdma_port_down_or_waiting_for_credit_stands_out():

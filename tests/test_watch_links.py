@@ -16,7 +16,7 @@ def flow_row(node, ts, peer="10.0.0.11", srtt=80):
     values = dict(node=node, ts=ts, interval_ns=1_000_000_000, pid=42, rank=2, family=4, local_addr="10.0.0.13",
                   local_port=40000, peer_addr=peer, peer_port=29500, iface="eth0", tx_bytes=4096, rx_bytes=4096,
                   tx_calls=2, rx_calls=2, retransmits=0, rtt_samples=10, srtt_us=srtt, srtt_max_us=srtt * 2,
-                  cwnd_min=10, opened=0, closed=0, errors=0)
+                  cwnd_min=10, recoveries=0, opened=0, closed=0, errors=0)
     return tuple(values[c] for c in schema.NET_FLOW_COLUMNS)
 
 
@@ -68,6 +68,21 @@ def test_the_watch_keeps_a_nodes_links_under_its_own_name_and_only_the_columns_i
         [("gpu-node-03", 5, 5 * 4096)], "each interval once, under the feed's node"
     assert conn.execute("SELECT COUNT(*) FROM net_samples WHERE node = 'gpu-node-03'").fetchone() == (5,)
     assert conn.execute("SELECT COUNT(*) FROM events").fetchone() == (0,)
+
+
+def test_a_node_that_sends_fewer_link_columns_keeps_its_rows(tmp_path):
+    """An agent of an earlier version answers without a column this one knows (here `recoveries`): its rows
+    are kept, the column at its default."""
+    answer = live_summary(store(str(tmp_path / "node.db"), node="gpu-node-02"))
+    answer.update(thread_time=[])
+    cols = answer["columns"]["net_flows"]
+    keep = [i for i, c in enumerate(cols) if c != "recoveries"]
+    answer["columns"]["net_flows"] = [cols[i] for i in keep]
+    answer["net_flows"] = [[r[i] for i in keep] for r in answer["net_flows"]]
+    feed = watch.NodeFeed(address="10.0.0.12:7433")
+    feed.apply(SimpleNamespace(status="ok", message="", node="gpu-node-02"), answer, None, horizon_ns=60_000_000_000)
+    conn = watch.build_store([feed])
+    assert conn.execute("SELECT COUNT(*), SUM(recoveries), SUM(tx_bytes) FROM net_flows").fetchone() == (5, 0, 5 * 4096)
 
 
 def test_merge_carries_every_nodes_links(tmp_path):

@@ -207,12 +207,12 @@ def build_store(feeds, min_span_ns=0):
                           d["first_seen"], d["last_seen"], d["exited"]))
         for table, known in (("net_flows", NET_FLOW_COLUMNS), ("net_samples", NET_SAMPLE_COLUMNS)):
             names = cols.get(table)                      # the links (an older agent sends none): the columns
-            rows = list(getattr(feed, table).values())   # this version knows, by name, whatever the node sent
+            rows = list(getattr(feed, table).values())   # this version knows that the node sent, by name
             if not rows or not names:
                 continue
-            conn.executemany(f"INSERT INTO {table}({', '.join(known)}) VALUES ({', '.join('?' * len(known))})",
-                             [[feed.node] + [d.get(c) for c in known[1:]]
-                              for d in (dict(zip(names, r)) for r in rows)])
+            use = [c for c in known[1:] if c in names]
+            conn.executemany(f"INSERT INTO {table}(node, {', '.join(use)}) VALUES ({', '.join('?' * (len(use) + 1))})",
+                             [[feed.node] + [d.get(c) for c in use] for d in (dict(zip(names, r)) for r in rows)])
         lcols = cols["lost"]
         conn.executemany("INSERT INTO lost_events(node, probe, ts, interval_ns, count) VALUES (?,?,?,?,?)",
                          [(feed.node,) + tuple(dict(zip(lcols, r))[c] for c in ("probe", "ts", "interval_ns", "count"))

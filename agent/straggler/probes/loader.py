@@ -30,7 +30,7 @@ LOST_PROBES = ["uretprobe:cuda_calls", "tracepoint:sched:sched_switch", "tracepo
 # came with Linux 6.3) net.c is left out and everything else is traced (Probes.net_state says why).
 NET_TRACEPOINTS = [
     "sock:sock_send_length", "sock:sock_recv_length", "sock:inet_sock_set_state", "tcp:tcp_probe",
-    "tcp:tcp_retransmit_skb",
+    "tcp:tcp_retransmit_skb", "tcp:tcp_cong_state_set",
 ]
 TRACEPOINTS = [
     "sched:sched_switch", "sched:sched_wakeup", "sched:sched_wakeup_new", "task:task_newtask",
@@ -64,6 +64,7 @@ class NetCounters:
     srtt_sum_us: int = 0
     srtt_max_us: int = 0
     cwnd_min: int = 0          # 0: no reading
+    recoveries: int = 0        # entries into CWR, Recovery or Loss: the kernel reacting to a loss
     opened: int = 0
     closed: int = 0
 
@@ -347,7 +348,7 @@ class Probes:
                 tx_bytes=value.tx_bytes, rx_bytes=value.rx_bytes, tx_calls=value.tx_calls, rx_calls=value.rx_calls,
                 errors=value.errors, retransmits=value.retransmits, rtt_samples=value.rtt_samples,
                 srtt_sum_us=value.srtt_sum_us, srtt_max_us=value.srtt_max_us, cwnd_min=value.cwnd_min,
-                opened=value.opened, closed=value.closed))
+                recoveries=value.recoveries, opened=value.opened, closed=value.closed))
         for key in harvested:
             try:
                 del self.net_counts[key]

@@ -34,8 +34,8 @@ PROCESS_COLUMNS = ("node", "pid", "ppid", "comm", "rank", "local_rank", "world_s
 LOST_COLUMNS = ("node", "probe", "ts", "interval_ns", "count")
 # the links: what explain's network rules read (analysis/explain/network.py)
 NET_FLOW_COLUMNS = ("node", "ts", "interval_ns", "pid", "rank", "family", "local_addr", "local_port", "peer_addr",
-                    "peer_port", "iface", "tx_bytes", "rx_bytes", "retransmits", "rtt_samples", "srtt_us",
-                    "srtt_max_us")
+                    "peer_port", "iface", "tx_bytes", "rx_bytes", "retransmits", "recoveries", "rtt_samples",
+                    "srtt_us", "srtt_max_us")
 NET_SAMPLE_COLUMNS = ("node", "ts", "iface", "operstate", "carrier", "speed_mbps", "speed_max_mbps", "carrier_changes",
                       "rx_bytes", "tx_bytes", "rx_errors", "tx_errors", "rx_dropped", "tx_dropped", "rx_crc_errors",
                       "rx_missed_errors", "tx_carrier_errors")

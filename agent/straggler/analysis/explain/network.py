@@ -8,8 +8,10 @@ The kinds of evidence, each a cause class of its own:
                   carrier; on an RDMA port: symbol errors, link downs and retrainings, integrity and
                   receive errors), an RDMA port not ACTIVE or at a lower rate than the others
   net-congestion  waits without errors: its connections' round trips far above their own best or the
-                  other connections' (to most of its peers), retransmissions, packets dropped, an RDMA
-                  port waiting for credit (port_xmit_wait) far more than the others
+                  other connections' (to most of its peers), retransmissions in loss recoveries (a
+                  retransmission the kernel did not follow with a recovery was a tail-loss probe sent
+                  because the peer was slow to acknowledge: the peer's doing, not the link's), packets
+                  dropped, an RDMA port waiting for credit (port_xmit_wait) far more than the others
 A node is named only when its evidence stands out: the nodes must not all look alike (a fabric-wide
 condition names nobody). Only a link at work is evidence: an interface the job's connections leave by,
 or one whose traffic grew; an RDMA port whose data counters grew. A connection between two of the job's
@@ -31,7 +33,8 @@ RTT_MIN_US = 1000              # ... (or its own best's) and at least this much 
 ERRORS_MIN = 10                # errors of a link (or an RDMA port) over the time: fewer are noise
 DROPS_MIN = 100                # packets dropped over the time
 RETRANS_MIN = 10               # retransmitted packets over the time ...
-RETRANS_SHARE = 0.02           # ... and this share of the segments it sent (its bytes over a full segment's)
+RETRANS_SHARE = 0.02           # ... and this share of the segments it sent (its bytes over a full segment's) ...
+RECOVERIES_MIN = 3             # ... in at least this many loss recoveries (else tail-loss probes, not losses)
 SEGMENT_BYTES = 1448           # a full TCP segment's payload (an Ethernet MTU's)
 STANDS_OUT = 3.0               # retransmissions, drops or transmit waits: this many times the other nodes' median
 SPEED_DROP = 0.75              # a link below this share of what it can do, or of the other nodes' links
@@ -119,7 +122,7 @@ best AS (SELECT f.node, f.peer_addr, MIN(f.srtt_us) AS best_us
          WHERE f.rtt_samples > 0 AND f.srtt_us IS NOT NULL GROUP BY f.node, f.peer_addr)
 SELECT f.node, f.peer_addr, MIN(f.local_addr) AS local_addr, MIN(f.iface) AS iface,
        SUM(f.tx_bytes + f.rx_bytes) AS bytes, SUM(f.tx_bytes) AS tx_bytes, SUM(f.retransmits) AS retransmits,
-       SUM(f.rtt_samples) AS rtt_samples,
+       SUM(f.recoveries) AS recoveries, SUM(f.rtt_samples) AS rtt_samples,
        SUM(f.srtt_us * f.rtt_samples) * 1.0 / NULLIF(SUM(CASE WHEN f.srtt_us IS NOT NULL THEN f.rtt_samples END), 0)
          AS srtt_us,
        MAX(f.srtt_max_us) AS srtt_max_us, MIN(b.best_us) AS best_us
@@ -277,16 +280,20 @@ def judge(iface_rows, rdma_rows, flow_rows):
     for node, n in drops.items():
         if _stands_out(n, [v for k, v in drops.items() if k != node], DROPS_MIN):
             found[node].append(("net-congestion", _iface_of(ifaces, node), f"{n} packets dropped", dict(drops=n)))
-    retrans, sent = {}, {}
+    retrans, recoveries, sent = {}, {}, {}
     for r in flow_rows:
         retrans[r["node"]] = retrans.get(r["node"], 0) + int(r["retransmits"] or 0)
-        sent[r["node"]] = sent.get(r["node"], 0) + int(r.get("tx_bytes") or 0)
+        recoveries[r["node"]] = recoveries.get(r["node"], 0) + int(r["recoveries"] or 0)
+        sent[r["node"]] = sent.get(r["node"], 0) + int(r["tx_bytes"] or 0)
     for node, n in retrans.items():
         floor = max(RETRANS_MIN, RETRANS_SHARE * sent[node] / SEGMENT_BYTES)   # a few in much traffic is noise
-        if node in found and _stands_out(n, [v for k, v in retrans.items() if k != node], floor):
+        others = [v for k, v in retrans.items() if k != node]
+        if (node in found and _stands_out(n, others, floor)
+                and _stands_out(recoveries[node], [v for k, v in recoveries.items() if k != node], RECOVERIES_MIN)):
             found[node].append(("net-congestion", _iface_of(ifaces, node, flow_rows),
-                                f"{n} packets retransmitted vs {_median([v for k, v in retrans.items() if k != node]):.0f} "
-                                f"on the other nodes", dict(retransmits=n)))
+                                f"{n} packets retransmitted in {recoveries[node]} loss recoveries vs "
+                                f"{_median(others):.0f} on the other nodes",
+                                dict(retransmits=n, recoveries=recoveries[node])))
     slow, peers = slow_pairs(flow_rows)
     node, who = slow_end(slow, peers)
     ambiguous = []
