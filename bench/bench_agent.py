@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO / "agent"))
 
 from straggler import render  # noqa: E402
 from straggler.probes.records import EVENT_COLUMNS  # noqa: E402
-from straggler_lab.standin import build_standin, build_workload  # noqa: E402
+from straggler_lab.standin import LIBRARIES, build_standin, build_workload  # noqa: E402
 from straggler.store import schema  # noqa: E402
 from straggler.store.writer import EVENT_INSERT  # noqa: E402
 
@@ -198,8 +198,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="straggler-bench-") as work:
         paths = {"lib_dir": work, "workload": build_workload(work)}
         build_standin(work)
-        libs = [arg for name in ("libcuda.so.1", "libcudart.so.12", "libnccl.so.2")
-                for arg in ("--cuda-lib", os.path.join(work, name))]
+        libs = [arg for name in LIBRARIES for arg in ("--cuda-lib", os.path.join(work, name))]
 
         untraced = per_call_ns(paths, calls * 10, repeats)
         floor = bpftrace_floor(paths, calls, repeats)

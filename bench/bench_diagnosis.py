@@ -38,7 +38,7 @@ def run_style(bed, out, style, faults, runs, log):
     rows = []
     h = hz.SyncJobHarness(bed, out / style, style=style, standin_links=True)
     try:
-        h.start_agents()
+        h.start_agents(extra_args=h.standin_lib_args())
         cases = [(fault, fault, False) for fault in faults]
         if "net-slow" in faults:           # a link slow from the job's first step (after a clean case: its measure)
             cases.append((NET_ALL_ALONG, "net-slow", True))
@@ -100,6 +100,8 @@ def shapes():
         # the kernels every step, and one rank pausing 300 ms every 2 s (a full garbage collection)
         "more-work": (lambda: [sc.Phase("more-work", rank=2, start_s=0, end_s=None, valid_slowdown=sc.SMALL_VALID)],
                       24, dict(kernel_us=1200, hosts=3)),
+        "more-work-mid-job": (lambda: [sc.Phase("more-work", rank=2, start_s=8, end_s=22,
+                                                valid_slowdown=sc.SMALL_VALID)], 30, dict(kernel_us=1200, hosts=3)),
         "pauses": (lambda: [sc.Phase("pause", rank=1, start_s=6, end_s=None, valid_slowdown=1.06)], 40,
                    dict(kernel_us=1200, hosts=3)),
         "clean": (lambda: [], 24, {}),
@@ -121,7 +123,7 @@ def run_shapes(bed, out, style, runs, log, names=None):
     rows = []
     h = hz.SyncJobHarness(bed, out / f"{style}-shapes", style=style)
     try:
-        h.start_agents()
+        h.start_agents(extra_args=h.standin_lib_args())
         for run in range(runs):
             for name, (make, seconds, kw) in shapes().items():
                 if names and name not in names:
@@ -185,9 +187,7 @@ def run_devices(bed, out, runs, log):
     rows = []
     h = hz.SyncJobHarness(bed, out / "devices", style="enqueue", gpus=True, spare_gpus=1)
     try:
-        h._build()
-        libs = ["libcuda.so.1", "libcudart.so.12", "libnccl.so.2"]
-        h.start_agents(extra_args=[a for lib in libs for a in ("--cuda-lib", h.standin_dir / lib)])
+        h.start_agents(extra_args=h.standin_lib_args())
         for run in range(runs):
             for name, (make, seconds) in device_shapes().items():
                 result = sc.run_schedule(h, make(), seconds, name=f"{name}-{run}")

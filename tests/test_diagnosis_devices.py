@@ -25,9 +25,7 @@ pytestmark = pytest.mark.bpf
 def harness(testbed, tmp_path_factory):
     h = hz.SyncJobHarness(testbed, tmp_path_factory.mktemp("devices"), style="enqueue", gpus=True, spare_gpus=1)
     try:
-        h._build()
-        libs = ["libcuda.so.1", "libcudart.so.12", "libnccl.so.2"]
-        h.start_agents(extra_args=[a for lib in libs for a in ("--cuda-lib", h.standin_dir / lib)])
+        h.start_agents(extra_args=h.standin_lib_args())
         yield h
     finally:
         h.close()

@@ -34,10 +34,7 @@ def harness(testbed, tmp_path_factory):
     h = hz.SyncJobHarness(testbed, out, style="blocking", standin_links=True)
     try:
         per_host, h.api_nodes, h.api_client = h.api_args()     # the agents serve their API too (the watch)
-        h._build()
-        libs = ["libcuda.so.1", "libcudart.so.12", "libnccl.so.2"]
-        h.start_agents(extra_args=[a for lib in libs for a in ("--cuda-lib", h.standin_dir / lib)],
-                       per_host_args=per_host)
+        h.start_agents(extra_args=h.standin_lib_args(), per_host_args=per_host)
         yield h
     finally:
         h.close()

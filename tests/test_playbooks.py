@@ -44,6 +44,7 @@ from pathlib import Path
 import pytest
 from pftrace_replay import Replay  # tests/pftrace_replay.py
 from straggler_lab import procs
+from straggler_lab.standin import LIBRARIES as STANDIN_LIBS
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = REPO / ".venv" / "bin"
@@ -106,9 +107,6 @@ def collection_work(root: Path, testbed, user: dict, hosts: list | None = None) 
 
 
 WORK_ENV: dict = {}   # work dir -> (environment, installed collection, inventory) for run_playbook
-
-
-STANDIN_LIBS = ("libcuda.so.1", "libcudart.so.12", "libnccl.so.2")
 
 
 def playbook_vars(work: Path, pki: str = "pki", **extra) -> str:

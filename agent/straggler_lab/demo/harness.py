@@ -367,6 +367,14 @@ class SyncJobHarness:
             build_standin(self.standin_dir)  # once here, not by four ranks at the same time
             self._built = True
 
+    def standin_lib_args(self):
+        """The agents' --cuda-lib for each stand-in library (built first): attached from the agents' start, as
+        a node's installed libraries are, so every agent is ready before any job (one on a host without a rank
+        included) and each job's ncclCommInitRank is traced."""
+        from straggler_lab.standin import LIBRARIES
+        self._build()
+        return [a for lib in LIBRARIES for a in ("--cuda-lib", self.standin_dir / lib)]
+
     # ---------------------------------------------------------------- agents
     def control_path(self, rank, case_dir):
         """A rank's control file: stable across cases with stand-in GPUs (each host's GPU follows its rank's

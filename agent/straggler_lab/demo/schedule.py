@@ -501,9 +501,7 @@ def main(argv=None):
     try:
         bed = testbed.up(hosts=4, dead=0, testbed_id=args.testbed_id, _lock_held=True)
         h = SyncJobHarness(bed, out, style=args.style)
-        h._build()
-        libs = ["libcuda.so.1", "libcudart.so.12", "libnccl.so.2"]
-        h.start_agents(extra_args=[a for lib in libs for a in ("--cuda-lib", h.standin_dir / lib)])
+        h.start_agents(extra_args=h.standin_lib_args())
         run = run_schedule(h, [Phase(**{k: getattr(q, k) for k in ("fault", "rank", "host", "start_s", "end_s",
                                                                     "on_s", "off_s", "size")}) for q in phases],
                            seconds=seconds, name=args.scenario)
