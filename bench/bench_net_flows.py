@@ -1,12 +1,13 @@
 """What the TCP flow probes (bpf/net.c: sock_send_length, sock_recv_length, inet_sock_set_state,
-tcp_probe, tcp_retransmit_skb) add to a process's send and receive calls, against baselines measured
-in the same run.
+tcp_probe, tcp_retransmit_skb, tcp_cong_state_set, and the entry and exit of the calls a socket's data
+moves by, timed) add to a process's send and receive calls, and to a read() that is not a socket's
+(every process's), against baselines measured in the same run.
 
 A ping-pong over loopback in one thread of a process of its own: 1 byte one way, 1 byte back, on one
 TCP connection, so each round trip is 2 sends and 2 receives, and the kernel handles each segment in
 the sender's context (loopback), so the probes' work is in this process's CPU time. Phases:
   untraced            no BPF program loaded
-  empty tracepoints   a program of five empty handlers on the same tracepoints: the floor, what the
+  empty tracepoints   a program of empty handlers on the same tracepoints: the floor, what the
                       kernel charges for running any BPF program there
   agent, no net       the agent's program (straggler.probes.loader.Probes: its tracepoints, no uprobes)
                       without net.c (--no-net-flows): the baseline the net probes add to
@@ -14,7 +15,9 @@ the sender's context (loopback), so the probes' work is in this process's CPU ti
   agent, other        with net.c, the process not a target: what every other process pays
 Each phase is the lowest of --repeats runs (CPU time and wall time per round trip); a round runs them
 all, with untraced before and after. Reported per send/recv call: the added CPU ns against untraced,
-and the net probes' own share (agent with net.c minus agent without), beside the floor.
+and the net probes' own share (agent with net.c minus agent without), beside the floor. Each phase
+also times a read() of one byte of /dev/zero in the same process: what the timed calls' entry and exit
+programs add to every process's reads and writes.
 
 Writes bench/results/net_flows.json and prints a table. `--quick`: one round of shorter runs (< 30 s).
 Needs root. This file must not be imported by the agent.
@@ -35,7 +38,7 @@ from straggler.probes import loader  # noqa: E402
 
 CALLS_PER_ROUND_TRIP = 4
 PING_PONG = r"""
-import json, socket, sys, time
+import json, os, socket, sys, time
 srv = socket.socket()
 srv.bind(("127.0.0.1", 0))
 srv.listen(1)
@@ -43,15 +46,21 @@ a = socket.create_connection(srv.getsockname())
 b, _ = srv.accept()
 for s in (a, b):
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+zero = os.open("/dev/zero", os.O_RDONLY)
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
-    n = int(line)
+    kind, n = line.split()
+    n = int(n)
     cpu0, wall0 = time.process_time_ns(), time.perf_counter_ns()
-    for _ in range(n):
-        a.send(b"x")
-        b.recv(1)
-        b.send(b"y")
-        a.recv(1)
+    if kind == "ping":
+        for _ in range(n):
+            a.send(b"x")
+            b.recv(1)
+            b.send(b"y")
+            a.recv(1)
+    else:                                  # "read": a read() that is not a socket's, as any process makes
+        for _ in range(n):
+            os.read(zero, 1)
     cpu1, wall1 = time.process_time_ns(), time.perf_counter_ns()
     print(json.dumps({"cpu_ns": (cpu1 - cpu0) / n, "wall_ns": (wall1 - wall0) / n}), flush=True)
 """
@@ -63,11 +72,11 @@ class PingPong:
                                      text=True)
         assert json.loads(self.proc.stdout.readline()) == {"ready": True}
 
-    def run(self, round_trips, repeats):
-        """(CPU ns, wall ns) per round trip: the lowest of `repeats` runs."""
+    def run(self, round_trips, repeats, kind="ping"):
+        """(CPU ns, wall ns) per round trip (per read() of /dev/zero: kind "read"): the lowest of `repeats` runs."""
         runs = []
         for _ in range(repeats):
-            self.proc.stdin.write(f"{round_trips}\n")
+            self.proc.stdin.write(f"{kind} {round_trips}\n")
             self.proc.stdin.flush()
             runs.append(json.loads(self.proc.stdout.readline()))
         return min(r["cpu_ns"] for r in runs), min(r["wall_ns"] for r in runs)
@@ -109,6 +118,7 @@ def main(argv=None):
     trips = args.round_trips or (20000 if args.quick else 50000)
     names = ("untraced", "empty tracepoints", "agent, no net", "agent, traced", "agent, other")
     phases = {name: [] for name in names}
+    reads = {name: [] for name in names}               # the same phases, a read() of /dev/zero each time
     hits_per_call, compile_s = [], []
     ping = PingPong()
     started = time.monotonic()
@@ -116,9 +126,11 @@ def main(argv=None):
         ping.run(trips // 4, 1)                              # warm up
         for _ in range(rounds):
             phases["untraced"].append(ping.run(trips, args.repeats))
+            reads["untraced"].append(ping.run(trips, args.repeats, "read"))
             empty = empty_program()
             try:
                 phases["empty tracepoints"].append(ping.run(trips, args.repeats))
+                reads["empty tracepoints"].append(ping.run(trips, args.repeats, "read"))
             finally:
                 empty.cleanup()
             probes = loader.Probes(call_ringbuf_kib=64, sys_ringbuf_kib=64, net_flows=False)
@@ -127,6 +139,7 @@ def main(argv=None):
                 probes.set_config()
                 probes.add_target(ping.proc.pid)
                 phases["agent, no net"].append(ping.run(trips, args.repeats))
+                reads["agent, no net"].append(ping.run(trips, args.repeats, "read"))
             finally:
                 probes.close()
             probes = loader.Probes(call_ringbuf_kib=64, sys_ringbuf_kib=64, net_flows=True)
@@ -140,17 +153,24 @@ def main(argv=None):
                 phases["agent, traced"].append(ping.run(trips, args.repeats))
                 calls = trips * args.repeats * CALLS_PER_ROUND_TRIP
                 hits_per_call.append((net_hits(probes) - before) / calls)
-                counted = sum(f.tx_calls + f.rx_calls for f in probes.read_net_flows(0))
+                flows = probes.read_net_flows(0)
+                counted = sum(f.tx_calls + f.rx_calls for f in flows)
                 assert counted == calls, f"{counted} of {calls} calls counted"
+                assert all(f.tx_ns > 0 and f.rx_ns > 0 for f in flows), "every call timed"
+                reads["agent, traced"].append(ping.run(trips, args.repeats, "read"))
                 del probes.targets[ctypes.c_uint32(ping.proc.pid)]
                 phases["agent, other"].append(ping.run(trips, args.repeats))
+                reads["agent, other"].append(ping.run(trips, args.repeats, "read"))
             finally:
                 probes.close()
             phases["untraced"].append(ping.run(trips, args.repeats))
+            reads["untraced"].append(ping.run(trips, args.repeats, "read"))
     finally:
         ping.close()
     best = {name: (min(c for c, _ in runs), min(w for _, w in runs)) for name, runs in phases.items()}
     per_call = lambda a, b, i: round((best[a][i] - best[b][i]) / CALLS_PER_ROUND_TRIP)
+    best_read = {name: min(c for c, _ in runs) for name, runs in reads.items()}
+    per_read = lambda a, b: round(best_read[a] - best_read[b])
     results = {"quick": args.quick, "machine": os.uname().release, "cpus": os.cpu_count(), "rounds": rounds,
                "round_trips": trips, "repeats": args.repeats, "calls_per_round_trip": CALLS_PER_ROUND_TRIP,
                "compile_seconds": round(max(compile_s), 2), "net_hits_per_call": round(max(hits_per_call), 3),
@@ -161,7 +181,12 @@ def main(argv=None):
                                  "runs_cpu_ns": [round(c) for c, _ in phases[name]]} for name in names},
                "floor_cpu_ns_per_call": per_call("empty tracepoints", "untraced", 0),
                "net_cpu_ns_per_call_traced": per_call("agent, traced", "agent, no net", 0),
-               "net_cpu_ns_per_call_other": per_call("agent, other", "agent, no net", 0)}
+               "net_cpu_ns_per_call_other": per_call("agent, other", "agent, no net", 0),
+               # a read() that is not a socket's: the timed calls' entry and exit programs (bpf/net.c)
+               "read_cpu_ns": {name: round(best_read[name]) for name in names},
+               "read_floor_cpu_ns": per_read("empty tracepoints", "untraced"),
+               "net_cpu_ns_per_read_traced": per_read("agent, traced", "agent, no net"),
+               "net_cpu_ns_per_read_other": per_read("agent, other", "agent, no net")}
     results["seconds"] = round(time.monotonic() - started, 1)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
@@ -173,7 +198,9 @@ def main(argv=None):
     print(f"the net probes add {results['net_cpu_ns_per_call_traced']} ns of CPU per send/recv call of a traced "
           f"process and {results['net_cpu_ns_per_call_other']} ns to any other process's "
           f"({results['net_hits_per_call']} probe hits per call; empty programs on the same tracepoints: "
-          f"{results['floor_cpu_ns_per_call']} ns); {args.out}")
+          f"{results['floor_cpu_ns_per_call']} ns); to a read() that is not a socket's "
+          f"{results['net_cpu_ns_per_read_traced']} ns in a traced process and {results['net_cpu_ns_per_read_other']} "
+          f"ns in any other (empty programs: {results['read_floor_cpu_ns']} ns); {args.out}")
     return 0
 
 

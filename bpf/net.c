@@ -1,6 +1,6 @@
 /*
  * The TCP traffic of traced processes (tgids in `targets`), per connection and interval, from
- * tracepoints only (table net_flows). Compiled only where the kernel has all six tracepoints
+ * tracepoints only (table net_flows). Compiled only where the kernel has all of these tracepoints
  * (sock_send_length and sock_recv_length came with Linux 6.3): the agent leaves this file out
  * otherwise, and says so in meta net_probe_state.
  *
@@ -17,6 +17,12 @@
  *       srtt_us >> 3 (include/trace/events/tcp.h): its srtt is in microseconds.
  *   tcp:tcp_retransmit_skb   a packet sent again (with segmentation offload it may hold several
  *       segments); where the tracepoint has `err`, failed attempts are skipped.
+ *   syscalls:sys_enter_X / sys_exit_X for X in sendto, recvfrom, sendmsg, recvmsg (send(), recv() and
+ *       their kin: calls made on sockets only): a traced task's entry time, kept while it is inside one,
+ *       so that the send/recv tracepoint (fired inside the call, at its end) knows how long the call
+ *       took: tx_ns/rx_ns. read(), write() and the other calls that reach a socket (readv, writev,
+ *       sendmmsg, splice, io_uring) move bytes but are not timed: timing them would put two programs
+ *       on every read and write of every process.
  *   tcp:tcp_cong_state_set   the connection's congestion state changed: entering CWR, Recovery or
  *       Loss is the kernel reacting to a loss or to congestion (recoveries). A retransmission without
  *       one was not a loss: a tail-loss probe sent because the peer was slow to acknowledge, which
@@ -75,6 +81,8 @@ struct net_counts {
     u64 tx_bytes;
     u64 rx_bytes;
     u64 srtt_sum_us;
+    u64 tx_ns;         /* time in the calls that sent (received) data: entry to the tracepoint */
+    u64 rx_ns;
     u32 tx_calls;      /* calls that moved at least one byte */
     u32 rx_calls;
     u32 errors;        /* calls that failed, EAGAIN and EINTR aside */
@@ -89,6 +97,7 @@ struct net_counts {
 BPF_HASH(net_socks, u64, struct net_sock, NET_MAX_SOCKS);
 BPF_HASH(net_counts, struct net_key, struct net_counts, 2 * NET_MAX_SOCKS);  /* two generations */
 BPF_TABLE("lru_hash", u64, struct net_addrs, net_opening, 4096);  /* established, no traced user yet */
+BPF_TABLE("lru_hash", u32, u64, net_in_call, 16384);  /* a traced task (tid) inside a timed call: since when */
 
 /* saddr/daddr: 4 bytes (IPv4) or 16 (IPv6) each, in kernel (tracepoint) memory */
 static __always_inline void net_learn(struct net_addrs *s, u16 family, u16 sport, u16 dport,
@@ -163,17 +172,58 @@ static __always_inline void net_io(u64 sk, int ret, int rx)
     if (opened)
         n->opened += 1;
     if (ret > 0) {
+        u64 took = 0;
+        u32 tid = (u32)bpf_get_current_pid_tgid();
+        u64 *since = net_in_call.lookup(&tid);
+        if (since) {  /* the rest of the same call (a loop inside it) counts from here on */
+            u64 now = bpf_ktime_get_ns();
+            took = now - *since;
+            *since = now;
+        }
         if (rx) {
             __sync_fetch_and_add(&n->rx_bytes, ret);
             __sync_fetch_and_add(&n->rx_calls, 1);
+            __sync_fetch_and_add(&n->rx_ns, took);
         } else {
             __sync_fetch_and_add(&n->tx_bytes, ret);
             __sync_fetch_and_add(&n->tx_calls, 1);
+            __sync_fetch_and_add(&n->tx_ns, took);
         }
     } else if (ret < 0 && ret != -NET_EAGAIN && ret != -NET_EINTR) {
         __sync_fetch_and_add(&n->errors, 1);
     }
 }
+
+/* A traced task enters (leaves) a call a socket's data moves by: its tid's entry time is kept while it is
+ * inside, so an entry is never a call that has ended. */
+static __always_inline void net_call_enter(void)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    if (!targets.lookup(&tgid))
+        return;
+    u32 tid = (u32)id;
+    u64 now = bpf_ktime_get_ns();
+    net_in_call.update(&tid, &now);
+}
+
+static __always_inline void net_call_exit(void)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    if (!targets.lookup(&tgid))
+        return;  /* an entry of a task no longer traced ages out of the LRU */
+    u32 tid = (u32)id;
+    net_in_call.delete(&tid);
+}
+
+#define NET_TIMED_CALL(name)                                                     \
+    TRACEPOINT_PROBE(syscalls, sys_enter_##name) { net_call_enter(); return 0; } \
+    TRACEPOINT_PROBE(syscalls, sys_exit_##name) { net_call_exit(); return 0; }
+NET_TIMED_CALL(sendto)
+NET_TIMED_CALL(recvfrom)
+NET_TIMED_CALL(sendmsg)
+NET_TIMED_CALL(recvmsg)
 
 TRACEPOINT_PROBE(sock, sock_send_length)
 {

@@ -60,6 +60,25 @@ if mode == "serve":                                  # serve HOST PORTFILE COUNT
             pass
         conn.sendall(b"r" * int(header))
         conn.close()
+elif mode == "slowserve":                            # slowserve HOST PORTFILE DELAY_S: one connection, its
+    host, portfile, delay = sys.argv[2], sys.argv[3], float(sys.argv[4])   # reply DELAY_S after its EOF
+    srv = socket.socket()
+    srv.bind((host, 0))
+    srv.listen(1)
+    srv.settimeout(120)
+    with open(portfile + ".tmp", "w") as f:
+        f.write(str(srv.getsockname()[1]))
+    os.replace(portfile + ".tmp", portfile)
+    conn, _ = srv.accept()
+    conn.settimeout(120)
+    header = b""
+    while len(header) < 16:
+        header += conn.recv(16 - len(header))
+    while conn.recv(1 << 16):
+        pass
+    time.sleep(delay)
+    conn.sendall(b"r" * int(header))
+    conn.close()
 else:
     def exchange(host, port, nbytes, reply):
         c = socket.create_connection((host, port), timeout=120)
@@ -75,7 +94,23 @@ else:
                 break
             got += len(data)
         return c, got
-    if mode == "send":                               # send HOST PORT NBYTES REPLY HOLD_S
+    if mode == "ask":                                # ask HOST PORT NBYTES REPLY: a blocking socket, so
+        host, port, nbytes, reply = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+        c = socket.create_connection((host, port), timeout=120)
+        c.settimeout(None)                           # it waits in recv() itself (with a timeout, Python
+        c.sendall(b"%16d" % reply + b"s" * nbytes)   # waits in poll() and then receives at once)
+        c.shutdown(socket.SHUT_WR)
+        got = 0
+        while True:
+            data = c.recv(1 << 16)
+            if not data:
+                break
+            got += len(data)
+        print(json.dumps({"pid": os.getpid(), "local_port": c.getsockname()[1], "received": got}), flush=True)
+        time.sleep(0.2)
+        c.close()
+        time.sleep(0.2)
+    elif mode == "send":                             # send HOST PORT NBYTES REPLY HOLD_S
         host, port, nbytes, reply = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
         hold = float(sys.argv[6])
         c, got = exchange(host, port, nbytes, reply)
@@ -95,15 +130,16 @@ else:
 HEADER = 16
 MANY = 20          # connections one after the other (the kernel reuses a closed socket's memory at once)
 COLUMNS = ("pid", "rank", "family", "local_addr", "local_port", "peer_addr", "peer_port", "iface", "tx_bytes",
-           "rx_bytes", "tx_calls", "rx_calls", "retransmits", "recoveries", "rtt_samples", "srtt_us", "srtt_max_us",
-           "cwnd_min", "opened", "closed", "errors")
+           "rx_bytes", "tx_calls", "rx_calls", "tx_ns", "rx_ns", "retransmits", "recoveries", "rtt_samples", "srtt_us",
+           "srtt_max_us", "cwnd_min", "opened", "closed", "errors")
 
 
 def flow(db, where, params):
     """One connection end's rows summed over the intervals (None: no row), as a dict."""
     rows = query(db, "SELECT pid, rank, family, local_addr, local_port, peer_addr, peer_port, iface, sum(tx_bytes), "
-                     "sum(rx_bytes), sum(tx_calls), sum(rx_calls), sum(retransmits), sum(recoveries), "
-                     "sum(rtt_samples), CAST(round(sum(srtt_us * rtt_samples) * 1.0 / sum(rtt_samples)) AS INTEGER), max(srtt_max_us), "
+                     "sum(rx_bytes), sum(tx_calls), sum(rx_calls), sum(tx_ns), sum(rx_ns), sum(retransmits), "
+                     "sum(recoveries), sum(rtt_samples), "
+                     "CAST(round(sum(srtt_us * rtt_samples) * 1.0 / sum(rtt_samples)) AS INTEGER), max(srtt_max_us), "
                      "min(cwnd_min), sum(opened), sum(closed), sum(errors), "
                      "count(DISTINCT pid || ':' || local_port || ':' || coalesce(iface, '')) "
                      f"FROM net_flows WHERE node = ? AND {where}", (NODE, *params))
@@ -240,6 +276,32 @@ class TestLoopback:
         assert scalar(agent.db, "SELECT value FROM meta WHERE key = 'net_probe_state'") == "traced"
         names = {row[0] for row in query(agent.db, "SELECT name FROM probes WHERE library IS NULL")}
         assert {f"tracepoint:{tp}" for tp in loader.NET_TRACEPOINTS} <= names
+
+
+@pytest.mark.bpf
+def test_a_receive_that_waits_for_its_peer_counts_the_wait(agent, launcher, tmp_path):
+    """A traced client sends its request, then waits in a blocking recv() while the server takes DELAY_S to answer:
+    the client's receive time (rx_ns) holds that wait, its send time does not, and neither is more than
+    the time the exchange took as the client saw it."""
+    delay_s = 0.4
+    python = sys.executable
+    server = launcher.start([python, "-c", PEER_CODE, "slowserve", "127.0.0.1", tmp_path / "port", delay_s],
+                            env={"RANK": "0"})
+    port = read_port(tmp_path / "port")
+    started = time.monotonic()
+    client = launcher.start([python, "-c", PEER_CODE, "ask", "127.0.0.1", port, 1000, 5000], env={"RANK": "1"})
+    rc, stdout, err = client.wait()
+    lived_s = time.monotonic() - started
+    assert rc == 0, err
+    local_port = json.loads(stdout)["local_port"]
+    assert server.wait()[0] == 0
+    mine = wait_flow(agent.db, "pid = ? AND local_port = ?", (client.pid, local_port),
+                     lambda f: f["rx_bytes"] >= 5000 and f["closed"])
+    assert delay_s * 0.9e9 <= mine["rx_ns"] <= lived_s * 1e9, mine
+    assert mine["tx_ns"] < mine["rx_ns"] / 2, mine
+    # the server's end: it received the header at once, and sent without waiting
+    theirs = wait_flow(agent.db, "pid = ? AND peer_port = ?", (server.pid, local_port), lambda f: f["tx_bytes"] >= 5000)
+    assert theirs["rx_ns"] < delay_s * 1e9 and theirs["tx_ns"] < delay_s * 1e9, theirs
 
 
 # ---- through a lossy link ------------------------------------------------------------------------------

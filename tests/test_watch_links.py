@@ -15,8 +15,8 @@ from straggler.store.writer import TABLE_INSERTS
 def flow_row(node, ts, peer="10.0.0.11", srtt=80):
     values = dict(node=node, ts=ts, interval_ns=1_000_000_000, pid=42, rank=2, family=4, local_addr="10.0.0.13",
                   local_port=40000, peer_addr=peer, peer_port=29500, iface="eth0", tx_bytes=4096, rx_bytes=4096,
-                  tx_calls=2, rx_calls=2, retransmits=0, rtt_samples=10, srtt_us=srtt, srtt_max_us=srtt * 2,
-                  cwnd_min=10, recoveries=0, opened=0, closed=0, errors=0)
+                  tx_calls=2, rx_calls=2, tx_ns=2000, rx_ns=9000, retransmits=0, rtt_samples=10, srtt_us=srtt,
+                  srtt_max_us=srtt * 2, cwnd_min=10, recoveries=0, opened=0, closed=0, errors=0)
     return tuple(values[c] for c in schema.NET_FLOW_COLUMNS)
 
 

@@ -28,10 +28,11 @@ LOST_PROBES = ["uretprobe:cuda_calls", "tracepoint:sched:sched_switch", "tracepo
                "tracepoint:sched:process", "net_flows:map_full"]
 # bpf/net.c (table net_flows): optional. Where one is missing (sock_send_length and sock_recv_length
 # came with Linux 6.3) net.c is left out and everything else is traced (Probes.net_state says why).
+NET_TIMED_CALLS = ("sendto", "recvfrom", "sendmsg", "recvmsg")  # bpf/net.c: the send/recv calls it times
 NET_TRACEPOINTS = [
     "sock:sock_send_length", "sock:sock_recv_length", "sock:inet_sock_set_state", "tcp:tcp_probe",
     "tcp:tcp_retransmit_skb", "tcp:tcp_cong_state_set",
-]
+] + [f"syscalls:sys_{edge}_{call}" for call in NET_TIMED_CALLS for edge in ("enter", "exit")]
 TRACEPOINTS = [
     "sched:sched_switch", "sched:sched_wakeup", "sched:sched_wakeup_new", "task:task_newtask",
     "sched:sched_process_exec", "sched:sched_process_exit",
@@ -62,6 +63,8 @@ class NetCounters:
     retransmits: int = 0
     rtt_samples: int = 0
     srtt_sum_us: int = 0
+    tx_ns: int = 0             # time in the calls that sent (received) data
+    rx_ns: int = 0
     srtt_max_us: int = 0
     cwnd_min: int = 0          # 0: no reading
     recoveries: int = 0        # entries into CWR, Recovery or Loss: the kernel reacting to a loss
@@ -346,6 +349,7 @@ class Probes:
                 local_addr=bytes(a.saddr)[:size], local_port=a.sport if size else 0,
                 peer_addr=bytes(a.daddr)[:size], peer_port=a.dport if size else 0,
                 tx_bytes=value.tx_bytes, rx_bytes=value.rx_bytes, tx_calls=value.tx_calls, rx_calls=value.rx_calls,
+                tx_ns=value.tx_ns, rx_ns=value.rx_ns,
                 errors=value.errors, retransmits=value.retransmits, rtt_samples=value.rtt_samples,
                 srtt_sum_us=value.srtt_sum_us, srtt_max_us=value.srtt_max_us, cwnd_min=value.cwnd_min,
                 recoveries=value.recoveries, opened=value.opened, closed=value.closed))

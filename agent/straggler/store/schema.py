@@ -308,6 +308,8 @@ CREATE TABLE IF NOT EXISTS net_flows (
     rx_bytes      INTEGER NOT NULL DEFAULT 0,  -- bytes it read from it
     tx_calls      INTEGER NOT NULL DEFAULT 0,
     rx_calls      INTEGER NOT NULL DEFAULT 0,
+    tx_ns         INTEGER NOT NULL DEFAULT 0,  -- time in the calls that sent data (entry to data moved), ns
+    rx_ns         INTEGER NOT NULL DEFAULT 0,  -- time in the calls that received data: waiting for it included
     retransmits   INTEGER NOT NULL DEFAULT 0,  -- packets the kernel sent again (one may hold several segments)
     recoveries    INTEGER NOT NULL DEFAULT 0,  -- times the kernel reacted to a loss or congestion (CWR, Recovery, Loss)
     rtt_samples   INTEGER NOT NULL DEFAULT 0,  -- tcp_probe readings in the interval
@@ -405,8 +407,8 @@ RDMA_SAMPLE_COLUMNS = (
     "local_link_integrity_errors", "excessive_buffer_overrun_errors")
 NET_FLOW_COLUMNS = (
     "node", "ts", "interval_ns", "pid", "rank", "family", "local_addr", "local_port", "peer_addr", "peer_port", "iface",
-    "tx_bytes", "rx_bytes", "tx_calls", "rx_calls", "retransmits", "recoveries", "rtt_samples", "srtt_us", "srtt_max_us",
-    "cwnd_min", "opened", "closed", "errors")
+    "tx_bytes", "rx_bytes", "tx_calls", "rx_calls", "tx_ns", "rx_ns", "retransmits", "recoveries", "rtt_samples",
+    "srtt_us", "srtt_max_us", "cwnd_min", "opened", "closed", "errors")
 
 # Views for the common questions (read-only convenience; users may write the SQL themselves).
 VIEWS = """
