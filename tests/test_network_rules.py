@@ -201,3 +201,29 @@ def test_a_connection_timed_by_one_end_only_is_no_evidence():
              if (r["node"], r["peer_addr"]) != ("gpu-node-01", ADDR["gpu-node-04"])]
     evidence, ambiguous = judged(flows)
     assert network.standing_out(evidence) == [] and not ambiguous
+
+
+def test_every_rank_waiting_alike_behind_a_fabric_slow_everywhere_points_at_the_links_not_the_gpus():
+    """Collectives that only enqueue, every link slow alike: every rank's synchronize grows alike (the
+    device-wide warning, which alone would send the operator to the GPUs) and every node's links say the
+    same (a fabric warning). The device-wide warning then says the links are why and points there first;
+    a link's warning that is no fabric's (the job did not slow down) changes nothing."""
+    from straggler.analysis.explain import findings
+    from straggler.analysis.explain.report import Finding, Report
+
+    def report_with(link_warning):
+        wide = Finding(severity="warning", node=None, cause="device-wide",
+                       summary="every rank's time in synchronize grew alike",
+                       recommendation="compare the GPUs directly")
+        return Report(findings=[wide, link_warning]), wide
+
+    ev = network.LinkEvidence(node="gpu-node-01", link="eth0", kind="net-congestion", detail="round trips of 9 ms")
+    report, wide = report_with(findings.link_warning(ev, {}, "while the job did not slow down"))
+    findings.device_wide_beside_the_fabric(report)
+    assert wide.recommendation == "compare the GPUs directly" and "links" not in wide.summary
+    report, wide = report_with(findings.link_warning(ev, {}, "as on 3 other node(s) alike", fabric=True))
+    findings.device_wide_beside_the_fabric(report)
+    assert "the links say why" in wide.summary and "not of one GPU" in wide.summary
+    assert wide.recommendation.startswith("look at the path, not the GPU")
+    assert wide.recommendation.endswith("only then the GPUs: compare the GPUs directly")
+    assert wide.numbers["fabric"] == "net-congestion"

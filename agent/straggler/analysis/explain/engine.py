@@ -232,6 +232,7 @@ def _episodes_judged(runner, opts, report, span_rows, cut, series, judged, devic
             report.nodes = rank_rows(analysis)
             if device:
                 report.findings.extend(device["warnings"])
+                findings.device_wide_beside_the_fabric(report)
             return analysis
         j = timeline.judge_window(series, analysis)
         j.series, j.cut = series, cut
@@ -438,6 +439,7 @@ def _episodes_long(runner, opts, report, plan, span_rows):
         emit(report, analysis)
         report.nodes = rank_rows(analysis)
         report.findings.extend(warnings)
+        findings.device_wide_beside_the_fabric(report)
         report.timeline = timeline.long_timeline_dict(plan, read)     # where it looked, and found nobody
         return analysis
     _assemble(report, judged, warnings)
@@ -600,12 +602,12 @@ def _network_evidence(runner, opts, series, found, judged, span_rows):
         for evs in network.alike(evidence).values():
             out["warnings"].append(findings.link_warning(
                 evs[0], texts, f"as on {len(evs) - 1} other node(s) alike {why}: a condition of the fabric, no one "
-                               f"node's"))
+                               f"node's", fabric=True))
         if ambiguous:
             pairs = "; ".join(" and ".join(p) for p in ambiguous)
             ev = network.LinkEvidence(node=ambiguous[0][0], kind="net-congestion",
                                       detail=f"slow round trips between {pairs}, whose ends cannot be told apart")
-            out["warnings"].append(findings.link_warning(ev, texts, why, node=None))
+            out["warnings"].append(findings.link_warning(ev, texts, why, node=None, fabric=True))
     if not runs and not busy and series.n_bins >= 2:   # no slowdown, nobody named: a link's evidence warns
         evidence, _, texts = network.over(runner, series, 0, series.n_bins)
         for ev in network.standing_out(evidence):

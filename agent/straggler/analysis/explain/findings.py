@@ -188,15 +188,32 @@ def add_link_evidence(found, ev, link_sql):
                          recommendation=NET_RECOMMENDATION[ev.kind], share=0.0))
 
 
-def link_warning(ev, link_sql, why, node=None):
+def link_warning(ev, link_sql, why, node=None, fabric=False):
     """A link's evidence where the job did not slow down, or on every node alike: a warning, never a
-    straggler."""
+    straggler. `fabric`: the job slowed and the links cannot say whose (every node's alike, or the two
+    ends of slow connections that cannot be told apart)."""
     link = f" {ev.link}" if ev.link else ""
+    numbers = dict(link=ev.link, peers=", ".join(ev.peers), **ev.numbers)
+    if fabric:
+        numbers["fabric"] = True
     return Finding(severity="warning", node=node if node is not None else ev.node, cause=ev.kind,
                    summary=f"{NET_WORDS[ev.kind].capitalize()} on {ev.node}{link}, {why}: {ev.detail}",
-                   numbers=dict(link=ev.link, peers=", ".join(ev.peers), **ev.numbers),
-                   sql={k: v.strip() for k, v in link_sql.items()}, recommendation=NET_RECOMMENDATION[ev.kind],
-                   share=0.0)
+                   numbers=numbers, sql={k: v.strip() for k, v in link_sql.items()},
+                   recommendation=NET_RECOMMENDATION[ev.kind], share=0.0)
+
+
+def device_wide_beside_the_fabric(report):
+    """Every rank's synchronize grew alike (device-wide) while the links say the job's slowdown is the
+    fabric's (a `fabric` link warning): the warning says the links, not the GPUs, and points there."""
+    fabric = next((f for f in report.findings if f.severity == "warning" and f.numbers.get("fabric")), None)
+    if fabric is None:
+        return
+    for f in report.findings:
+        if f.cause == "device-wide":
+            f.summary += (f"; the links say why ({fabric.cause} on every node alike, or between nodes that cannot "
+                          f"be told apart: see that warning): a condition of the network, not of one GPU")
+            f.numbers["fabric"] = fabric.cause
+            f.recommendation = NET_RECOMMENDATION[fabric.cause] + "; only then the GPUs: " + f.recommendation
 
 
 def add_device_evidence(found, ev, device_sql):
