@@ -304,8 +304,7 @@ def watched_agents(tmp_path):
     from straggler.tls import TLSOptions
     facts = synth.write_nodes(str(tmp_path), synth.SynthSpec(scenario="cpu_hog", events=48000, straggler=1,
                                                                      interference_start=0.7))
-    for entry in facts["files"]:
-        synth.shift_to_now(entry["path"])
+    synth.shift_to_now([entry["path"] for entry in facts["files"]])
     handles = [start_background(entry["path"], node=entry["node"], listen="127.0.0.1:0", tls=TLSOptions(no_tls=True))
                for entry in facts["files"]]
     try:

@@ -107,8 +107,7 @@ def late_hog_nodes(tmp_path):
     window holds the hog, its baseline mostly does not)."""
     facts = synth.write_nodes(str(tmp_path), synth.SynthSpec(scenario="cpu_hog", events=EVENTS, straggler=1,
                                                              interference_start=0.7))
-    for f in facts["files"]:
-        synth.shift_to_now(f["path"])
+    synth.shift_to_now([f["path"] for f in facts["files"]])
     return facts
 
 
@@ -178,8 +177,7 @@ def test_a_job_that_has_ended_raises_no_alarm(tmp_path):
     five minutes ago), whatever the machine's uptime."""
     facts = synth.write_nodes(str(tmp_path), synth.SynthSpec(scenario="cpu_hog", events=EVENTS, straggler=1,
                                                              interference_start=0.7))
-    for f in facts["files"]:
-        synth.shift_to_now(f["path"], ahead_s=-300.0)
+    synth.shift_to_now([f["path"] for f in facts["files"]], ahead_s=-300.0)
     tls = TLSOptions(no_tls=True)
     handles = [start_background(f["path"], node=f["node"], listen="127.0.0.1:0", tls=tls) for f in facts["files"]]
     ticks = []

@@ -498,17 +498,30 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-def shift_to_now(path, ahead_s=60.0):
-    """Shift a synthetic store's times onto this machine's CLOCK_MONOTONIC: its newest summary ends
-    ahead_s seconds from now (> 0: a job running now, as a live watch sees one; < 0: a job that
-    ended -ahead_s seconds ago). The rows do not change otherwise. A test that serves synthetic
-    stores to the watch must place them with this: their generated times are arbitrary, and this
-    machine's clock may be anywhere (it counts from boot)."""
+def shift_to_now(paths, ahead_s=60.0):
+    """Shift synthetic stores' times onto this machine's CLOCK_MONOTONIC: each store's newest summary
+    ends ahead_s seconds from one same moment, now (> 0: a job running now, as a live watch sees one;
+    < 0: a job that ended -ahead_s seconds ago). Every store is placed from the clock read once: read
+    again for each one, after the previous one's rows were rewritten (a large store takes a good part
+    of a second), the nodes would land that much apart, their bins cut differently from run to run.
+    The rows do not change otherwise. A test that serves synthetic stores to the watch must place them
+    with this: their generated times are arbitrary, and this machine's clock may be anywhere (it
+    counts from boot). `paths`: one store's path, or a list of the job's."""
     import time
+    paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    now_ns = time.monotonic_ns()
+    for path in paths:
+        conn = sqlite3.connect(path)
+        try:
+            (end,) = conn.execute("SELECT MAX(ts + interval_ns) FROM thread_time").fetchone()
+        finally:
+            conn.close()
+        _shift(path, now_ns + int(ahead_s * 1e9) - end)
+
+
+def _shift(path, delta):
     conn = sqlite3.connect(path)
     try:
-        (end,) = conn.execute("SELECT MAX(ts + interval_ns) FROM thread_time").fetchone()
-        delta = time.monotonic_ns() + int(ahead_s * 1e9) - end
         for table, columns in (("thread_time", ("ts",)), ("events", ("ts",)), ("lost_events", ("ts",)),
                                ("agent_cost", ("ts",)), ("processes", ("first_seen", "last_seen")),
                                ("clock_pairs", ("mono_ns",))):

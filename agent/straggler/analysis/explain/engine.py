@@ -314,8 +314,9 @@ def _judge_stretch(runner, opts, callers, span_rows, cut, wait_def=None):
         judged.append(j)
         if len(judged) >= MAX_EPISODES_JUDGED:
             break
-    device = _device_evidence(runner, opts, series, found, judged, span_rows) if series else None
-    net = _network_evidence(runner, opts, series, found, judged, span_rows) if series else None
+    slow = timeline.job_slow_runs(series, opts.episode_options()) if series else None   # the whole job slower
+    device = _device_evidence(runner, opts, series, found, judged, span_rows, slow) if series else None
+    net = _network_evidence(runner, opts, series, found, judged, span_rows, slow) if series else None
     if net:
         device = device or {"warnings": []}
         device["warnings"].extend(net["warnings"])
@@ -447,11 +448,12 @@ def _episodes_long(runner, opts, report, plan, span_rows):
     return judged[0].analysis
 
 
-def _device_evidence(runner, opts, series, found, judged, span_rows):
+def _device_evidence(runner, opts, series, found, judged, span_rows, slow):
     """What the GPUs said (devices.py), where the store has their samples: the judged episodes' GPUs'
     evidence (into each one's `attach`); an episode for a GPU that alone says why when the whole job slowed with nobody
     waiting less (collectives that only enqueue) — appended to `judged`; and warnings for a GPU's
-    evidence without a slowdown. None without device samples."""
+    evidence without a slowdown. `slow`: where the whole job ran slower (timeline.job_slow_runs). None
+    without device samples."""
     if not devices.has_device_tables(runner):
         return None
     ranks_of = {(r["node"], int(r["pid"])): r for r in runner.rows(devices.PROCESS_RANKS)}
@@ -504,7 +506,7 @@ def _device_evidence(runner, opts, series, found, judged, span_rows):
                     ev, texts, f"all along this trace, as on {len(keys) - 1} other GPU(s) alike: a condition of the "
                                f"fleet, no one GPU's (and no clean time in the trace to measure the job against)"))
                 named.update(keys)
-    runs, rates, ref = timeline.job_slow_runs(series, opts.episode_options())
+    runs, rates, ref = slow
     slow_bins = set()
     for run in runs:                   # the job slowed and nobody waited less: whose GPU says why?
         slow_bins.update(range(run.start, run.end))
@@ -553,13 +555,13 @@ def _named_by_its_word(runner, opts, series, found, span_rows, ev, keys, run, ra
     return j
 
 
-def _network_evidence(runner, opts, series, found, judged, span_rows):
+def _network_evidence(runner, opts, series, found, judged, span_rows, slow):
     """What the nodes' links said (network.py), where the stores have network samples: an episode for a
     node whose link alone says why when the whole job slowed with nobody waiting less (every rank waits
     alike in its collectives behind a slow link) and no GPU said why — appended to `judged`; a named
     straggler's link evidence attached to its episode; warnings for link evidence on every node alike
-    (the fabric's), between two nodes that cannot be told apart, or without a slowdown. None without
-    network samples."""
+    (the fabric's), between two nodes that cannot be told apart, or without a slowdown. `slow` as for
+    _device_evidence. None without network samples."""
     if not network.has_net_tables(runner):
         return None
     out = {"warnings": []}
@@ -585,7 +587,7 @@ def _network_evidence(runner, opts, series, found, judged, span_rows):
                                          lambda j, ranks: findings.link_findings(series.sql, texts, j, ev, ranks)))
         named.add(ev.node)
         busy.update(range(run.start, run.end))
-    runs, rates, ref = timeline.job_slow_runs(series, opts.episode_options())
+    runs, rates, ref = slow
     for run in runs:                   # the job slowed, nobody waited less, no GPU said why: whose link?
         if any(b in busy for b in range(run.start, run.end)):
             continue
