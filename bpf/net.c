@@ -23,10 +23,10 @@
  *       took: tx_ns/rx_ns. read(), write() and the other calls that reach a socket (readv, writev,
  *       sendmmsg, splice, io_uring) move bytes but are not timed: timing them would put two programs
  *       on every read and write of every process.
- *   tcp:tcp_cong_state_set   the connection's congestion state changed: entering CWR, Recovery or
- *       Loss is the kernel reacting to a loss or to congestion (recoveries). A retransmission without
- *       one was not a loss: a tail-loss probe sent because the peer was slow to acknowledge, which
- *       the peer's duplicate-SACK then showed spurious (no state change).
+ *   tcp:tcp_cong_state_set   the connection's congestion state is set: an entry into CWR, Recovery
+ *       or Loss from Open or Disorder is the kernel reacting to a loss or to congestion (recoveries).
+ *       A retransmission without one was not a loss: a tail-loss probe sent because the peer was slow
+ *       to acknowledge, which the peer's duplicate-SACK then showed spurious (no state change).
  * All of them also teach the entry its addresses (the send/recv tracepoints carry none).
  *
  * The kernel reuses a freed socket's memory for the next one at once, so a connection is its sk
@@ -69,6 +69,7 @@ struct net_sock {
     u64 born;          /* when this entry was made (ns): tells connections on a reused sk apart */
     u32 tgid;          /* the traced process that last used it */
     u32 closed;        /* reached TCP_CLOSE: user space drops the entry once it has reported it */
+    u32 ca_state;      /* its last congestion state (tcp_cong_state_set): Open 0 until told otherwise */
 };
 struct net_key {
     u64 sk;
@@ -90,7 +91,7 @@ struct net_counts {
     u32 rtt_samples;
     u32 srtt_max_us;
     u32 cwnd_min;      /* 0: no reading */
-    u32 recoveries;    /* entries into TCP_CA_CWR, TCP_CA_Recovery or TCP_CA_Loss */
+    u32 recoveries;    /* entries into TCP_CA_CWR, TCP_CA_Recovery or TCP_CA_Loss from below them */
     u16 opened;
     u16 closed;
 };
@@ -209,11 +210,8 @@ static __always_inline void net_call_enter(void)
 
 static __always_inline void net_call_exit(void)
 {
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32;
-    if (!targets.lookup(&tgid))
-        return;  /* an entry of a task no longer traced ages out of the LRU */
-    u32 tid = (u32)id;
+    /* whoever it is: a task whose process stopped being traced inside the call leaves no entry behind */
+    u32 tid = (u32)bpf_get_current_pid_tgid();
     net_in_call.delete(&tid);
 }
 
@@ -358,12 +356,16 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
 TRACEPOINT_PROBE(tcp, tcp_cong_state_set)
 {
     count_hit(HIT_NET);
-    u8 state = args->cong_state;
-    if (state < NET_TCP_CA_CWR || state > NET_TCP_CA_LOSS)
-        return 0;
+    u32 state = args->cong_state;
     u64 sk = (u64)args->skaddr;
     struct net_sock *s = net_socks.lookup(&sk);
     if (!s)
+        return 0;
+    /* an entry into CWR, Recovery or Loss from Open or Disorder: the kernel sets the state again on
+     * each repeated timeout (Loss to Loss), and a move between them is the same loss */
+    u32 was = s->ca_state;
+    s->ca_state = state;
+    if (state < NET_TCP_CA_CWR || state > NET_TCP_CA_LOSS || was >= NET_TCP_CA_CWR)
         return 0;
     if (!net_known(s)) {
         u16 family = args->family;

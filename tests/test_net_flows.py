@@ -507,6 +507,8 @@ def test_hit_and_lost_indexes_and_families_agree_with_the_c_side():
     assert (c["HIT_NET"], c["NHITS"]) == (loader.HIT_NAMES.index("net"), len(loader.HIT_NAMES))
     assert (c["LOST_NET"], c["NLOST"]) == (loader.LOST_PROBES.index("net_flows:map_full"), len(loader.LOST_PROBES))
     assert (c["NET_AF_INET"], c["NET_AF_INET6"]) == (loader.AF_INET, loader.AF_INET6)
+    # the calls net.c times are the ones the loader checks the kernel for
+    assert tuple(re.findall(r"^NET_TIMED_CALL\((\w+)\)", text, re.M)) == loader.NET_TIMED_CALLS
 
 
 def test_no_net_flows_option_turns_the_probes_off():

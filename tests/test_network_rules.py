@@ -223,6 +223,9 @@ def test_every_rank_waiting_alike_behind_a_fabric_slow_everywhere_points_at_the_
     assert wide.recommendation == "compare the GPUs directly" and "links" not in wide.summary
     report, wide = report_with(findings.link_warning(ev, {}, "as on 3 other node(s) alike", fabric=True))
     findings.device_wide_beside_the_fabric(report)
+    summary = wide.summary
+    findings.device_wide_beside_the_fabric(report)        # the amended warning is no link's: said once
+    assert wide.summary == summary
     assert "the links say why" in wide.summary and "not of one GPU" in wide.summary
     assert wide.recommendation.startswith("look at the path, not the GPU")
     assert wide.recommendation.endswith("only then the GPUs: compare the GPUs directly")

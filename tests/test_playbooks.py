@@ -246,6 +246,29 @@ def test_second_trace_run_of_the_short_target_live_changes_nothing(deployed):
             f"{name} changed on the second run\n" + run.explain()
 
 
+def test_a_rebuilt_collection_reinstalled_changes_and_restarts_nothing(deployed, testbed, work, tmp_path):
+    """Rebuild the collection from the same sources, install it over the installed one (as a user upgrading
+    does), run trace.yml again: the agent wheel is byte for byte the one the hosts run, so no host changes
+    and no agent restarts (its supervisor's and agent's pids are the ones from before)."""
+    from galaxy_helpers import build_collection
+    env, user, _ = WORK_ENV[str(work)]
+    before = {name: agent_status(testbed, name) for name in LIVE}
+    assert all(b.get("running") and b.get("agent_pid") for b in before.values()), before
+    built = build_collection(tmp_path / "dist")
+    assert built["collection"] != user["built"]["collection"], "a second build, not the first tarball"
+    proc = subprocess.run([str(user["venv"] / "bin" / "ansible-galaxy"), "collection", "install", "--force",
+                           built["collection"], "-p", str(user["path"].parents[2])], cwd=user["root"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = run_playbook(testbed, work, "trace.yml", "-e", "target=live")
+    assert run.rc == 0, run.explain()
+    for name in LIVE:
+        assert run.recap[name]["changed"] == 0, f"{name} changed after a rebuild\n" + run.explain()
+    after = {name: agent_status(testbed, name) for name in LIVE}
+    assert {n: (a["supervisor_pid"], a["agent_pid"]) for n, a in after.items()} == \
+        {n: (b["supervisor_pid"], b["agent_pid"]) for n, b in before.items()}, "no agent restarted"
+
+
 def test_check_mode_on_the_set_up_controller_leaves_its_directories_byte_identical(deployed, testbed, work):
     controller = [work / "pki", work / "wheels", work / "results"]
     before = snapshot(*controller)

@@ -211,6 +211,8 @@ def build_store(feeds, min_span_ns=0):
             if not rows or not names:
                 continue
             use = [c for c in known[1:] if c in names]
+            if not use:
+                continue
             conn.executemany(f"INSERT INTO {table}(node, {', '.join(use)}) VALUES ({', '.join('?' * (len(use) + 1))})",
                              [[feed.node] + [d.get(c) for c in use] for d in (dict(zip(names, r)) for r in rows)])
         lcols = cols["lost"]

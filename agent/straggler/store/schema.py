@@ -311,7 +311,7 @@ CREATE TABLE IF NOT EXISTS net_flows (
     tx_ns         INTEGER NOT NULL DEFAULT 0,  -- time in the calls that sent data (entry to data moved), ns
     rx_ns         INTEGER NOT NULL DEFAULT 0,  -- time in the calls that received data: waiting for it included
     retransmits   INTEGER NOT NULL DEFAULT 0,  -- packets the kernel sent again (one may hold several segments)
-    recoveries    INTEGER NOT NULL DEFAULT 0,  -- times the kernel reacted to a loss or congestion (CWR, Recovery, Loss)
+    recoveries    INTEGER NOT NULL DEFAULT 0,  -- entries into CWR, Recovery or Loss: reactions to a loss or congestion
     rtt_samples   INTEGER NOT NULL DEFAULT 0,  -- tcp_probe readings in the interval
     srtt_us       INTEGER,                 -- smoothed round-trip time, mean over the readings, us
     srtt_max_us   INTEGER,                 -- its highest reading, us

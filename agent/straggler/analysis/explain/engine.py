@@ -440,7 +440,6 @@ def _episodes_long(runner, opts, report, plan, span_rows):
         emit(report, analysis)
         report.nodes = rank_rows(analysis)
         report.findings.extend(warnings)
-        findings.device_wide_beside_the_fabric(report)
         report.timeline = timeline.long_timeline_dict(plan, read)     # where it looked, and found nobody
         return analysis
     _assemble(report, judged, warnings)

@@ -205,11 +205,12 @@ def link_warning(ev, link_sql, why, node=None, fabric=False):
 def device_wide_beside_the_fabric(report):
     """Every rank's synchronize grew alike (device-wide) while the links say the job's slowdown is the
     fabric's (a `fabric` link warning): the warning says the links, not the GPUs, and points there."""
-    fabric = next((f for f in report.findings if f.severity == "warning" and f.numbers.get("fabric")), None)
+    fabric = next((f for f in report.findings if f.severity == "warning" and f.numbers.get("fabric") is True
+                   and f.cause in NET_RECOMMENDATION), None)
     if fabric is None:
         return
     for f in report.findings:
-        if f.cause == "device-wide":
+        if f.cause == "device-wide" and "fabric" not in f.numbers:
             f.summary += (f"; the links say why ({fabric.cause} on every node alike, or between nodes that cannot "
                           f"be told apart: see that warning): a condition of the network, not of one GPU")
             f.numbers["fabric"] = fabric.cause

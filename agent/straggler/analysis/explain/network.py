@@ -292,7 +292,7 @@ def judge(iface_rows, rdma_rows, flow_rows):
                 and _stands_out(recoveries[node], [v for k, v in recoveries.items() if k != node], RECOVERIES_MIN)):
             found[node].append(("net-congestion", _iface_of(ifaces, node, flow_rows),
                                 f"{n} packets retransmitted in {recoveries[node]} loss recoveries vs "
-                                f"{_median(others):.0f} on the other nodes",
+                                f"{_median(others):.0f} retransmitted on the other nodes",
                                 dict(retransmits=n, recoveries=recoveries[node])))
     slow, peers = slow_pairs(flow_rows)
     node, who = slow_end(slow, peers)

@@ -40,7 +40,7 @@ def calls_sql(callers, offsets, t0_ns, t1_ns, wait_def):
 WITH {values_cte("rk", ("node", "pid", "tid", "off"), rows)}
 SELECT e.node, e.pid, e.ts + rk.off AS fleet_ts, e.duration
 FROM rk
-JOIN events e ON +e.node = rk.node AND +e.pid = rk.pid AND +e.tid = rk.tid   -- by (source, op, ts): sql.py
+JOIN events e ON +e.node = rk.node AND +e.pid = rk.pid AND +e.tid = rk.tid
 WHERE e.source IN ('nccl', 'cuda', 'driver') AND e.op IN ({ops})
   AND e.ts >= {int(t0_ns)} - rk.off - 60000000000 AND e.ts < {int(t1_ns)} - rk.off
   AND e.ts + e.duration + rk.off > {int(t0_ns)}
