@@ -139,6 +139,20 @@ static __always_inline int net_known(struct net_sock *s)
     return s->a.family && s->a.sport;
 }
 
+/* An entry that does not know its addresses yet learns them from a tcp: tracepoint's arguments (those
+ * with family, ports and saddr/daddr, saddr_v6/daddr_v6 fields). A macro: each tracepoint's args has a
+ * type of its own. */
+#define NET_LEARN_TCP(s, args)                                                                          \
+    do {                                                                                                \
+        if (!net_known(s)) {                                                                            \
+            u16 family_ = (args)->family;                                                               \
+            if (family_ == NET_AF_INET6)                                                                \
+                net_learn(&(s)->a, family_, (args)->sport, (args)->dport, (args)->saddr_v6, (args)->daddr_v6); \
+            else                                                                                        \
+                net_learn(&(s)->a, family_, (args)->sport, (args)->dport, (args)->saddr, (args)->daddr);   \
+        }                                                                                               \
+    } while (0)
+
 /* A send or receive call of the current task on a TCP socket: ret = bytes, or -errno. */
 static __always_inline void net_io(u64 sk, int ret, int rx)
 {
@@ -340,13 +354,7 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
     struct net_sock *s = net_socks.lookup(&sk);
     if (!s)
         return 0;
-    if (!net_known(s)) {
-        u16 family = args->family;
-        if (family == NET_AF_INET6)
-            net_learn(&s->a, family, args->sport, args->dport, args->saddr_v6, args->daddr_v6);
-        else
-            net_learn(&s->a, family, args->sport, args->dport, args->saddr, args->daddr);
-    }
+    NET_LEARN_TCP(s, args);
     struct net_counts *n = net_counts_of(sk, s);
     if (n)
         __sync_fetch_and_add(&n->retransmits, 1);
@@ -367,13 +375,7 @@ TRACEPOINT_PROBE(tcp, tcp_cong_state_set)
     s->ca_state = state;
     if (state < NET_TCP_CA_CWR || state > NET_TCP_CA_LOSS || was >= NET_TCP_CA_CWR)
         return 0;
-    if (!net_known(s)) {
-        u16 family = args->family;
-        if (family == NET_AF_INET6)
-            net_learn(&s->a, family, args->sport, args->dport, args->saddr_v6, args->daddr_v6);
-        else
-            net_learn(&s->a, family, args->sport, args->dport, args->saddr, args->daddr);
-    }
+    NET_LEARN_TCP(s, args);
     struct net_counts *n = net_counts_of(sk, s);
     if (n)
         __sync_fetch_and_add(&n->recoveries, 1);

@@ -39,8 +39,7 @@ NODE = "net-flows-a"
 PEER_CODE = r"""
 import json, os, socket, sys, time
 mode = sys.argv[1]
-if mode == "serve":                                  # serve HOST PORTFILE COUNT
-    host, portfile, count = sys.argv[2], sys.argv[3], int(sys.argv[4])
+def serve(host, portfile, count, delay=0.0):
     srv = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     if ":" in host:
         srv.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
@@ -58,27 +57,13 @@ if mode == "serve":                                  # serve HOST PORTFILE COUNT
             header += conn.recv(16 - len(header))
         while conn.recv(1 << 16):
             pass
+        time.sleep(delay)
         conn.sendall(b"r" * int(header))
         conn.close()
+if mode == "serve":                                  # serve HOST PORTFILE COUNT
+    serve(sys.argv[2], sys.argv[3], int(sys.argv[4]))
 elif mode == "slowserve":                            # slowserve HOST PORTFILE DELAY_S: one connection, its
-    host, portfile, delay = sys.argv[2], sys.argv[3], float(sys.argv[4])   # reply DELAY_S after its EOF
-    srv = socket.socket()
-    srv.bind((host, 0))
-    srv.listen(1)
-    srv.settimeout(120)
-    with open(portfile + ".tmp", "w") as f:
-        f.write(str(srv.getsockname()[1]))
-    os.replace(portfile + ".tmp", portfile)
-    conn, _ = srv.accept()
-    conn.settimeout(120)
-    header = b""
-    while len(header) < 16:
-        header += conn.recv(16 - len(header))
-    while conn.recv(1 << 16):
-        pass
-    time.sleep(delay)
-    conn.sendall(b"r" * int(header))
-    conn.close()
+    serve(sys.argv[2], sys.argv[3], 1, float(sys.argv[4]))   # reply DELAY_S after its EOF
 else:
     def exchange(host, port, nbytes, reply):
         c = socket.create_connection((host, port), timeout=120)
