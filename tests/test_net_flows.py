@@ -65,8 +65,10 @@ if mode == "serve":                                  # serve HOST PORTFILE COUNT
 elif mode == "slowserve":                            # slowserve HOST PORTFILE DELAY_S: one connection, its
     serve(sys.argv[2], sys.argv[3], 1, float(sys.argv[4]))   # reply DELAY_S after its EOF
 else:
-    def exchange(host, port, nbytes, reply):
+    def exchange(host, port, nbytes, reply, blocking=False):
         c = socket.create_connection((host, port), timeout=120)
+        if blocking:                                 # it waits in recv() itself (with a timeout, Python
+            c.settimeout(None)                       # waits in poll() and then receives at once)
         c.sendall(b"%16d" % reply)
         chunk, left = b"s" * 65536, nbytes
         while left:
@@ -79,18 +81,9 @@ else:
                 break
             got += len(data)
         return c, got
-    if mode == "ask":                                # ask HOST PORT NBYTES REPLY: a blocking socket, so
+    if mode == "ask":                                # ask HOST PORT NBYTES REPLY: send's, on a blocking socket
         host, port, nbytes, reply = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-        c = socket.create_connection((host, port), timeout=120)
-        c.settimeout(None)                           # it waits in recv() itself (with a timeout, Python
-        c.sendall(b"%16d" % reply + b"s" * nbytes)   # waits in poll() and then receives at once)
-        c.shutdown(socket.SHUT_WR)
-        got = 0
-        while True:
-            data = c.recv(1 << 16)
-            if not data:
-                break
-            got += len(data)
+        c, got = exchange(host, port, nbytes, reply, blocking=True)
         print(json.dumps({"pid": os.getpid(), "local_port": c.getsockname()[1], "received": got}), flush=True)
         time.sleep(0.2)
         c.close()
