@@ -177,6 +177,7 @@ class NetFlows:
                         str(peer) if peer is not None else None, flow.peer_port if peer is not None else None,
                         self.routes.iface(flow.tgid, peer, local),
                         flow.tx_bytes, flow.rx_bytes, flow.tx_calls, flow.rx_calls, flow.tx_ns, flow.rx_ns,
-                        flow.retransmits, flow.recoveries, flow.rtt_samples, srtt, flow.srtt_max_us if flow.rtt_samples else None,
+                        flow.retransmits, flow.recoveries, flow.rtt_samples, srtt,
+                        flow.srtt_max_us if flow.rtt_samples else None,
                         flow.cwnd_min or None, flow.opened, flow.closed, flow.errors))
         return out
