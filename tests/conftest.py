@@ -174,13 +174,10 @@ def systemd_testbed():
 
 @pytest.fixture(scope="session")
 def installed_collection(tmp_path_factory):
-    """The collection as a user has it, built once for the session (tests/galaxy_helpers.py): the
-    tarball `make collection` makes, installed with ansible-galaxy under /tmp (outside the repository)
-    for the collection users' controller venv, with the agent wheel it carries installed there.
-    A dict: env, path (the installed collection), venv, root (a working directory), built (the build's summary)."""
-    from galaxy_helpers import build_collection, install_collection
-    root = tmp_path_factory.mktemp("collection")
-    built = build_collection(root / "dist")
-    installed = install_collection(Path(built["collection"]), root / "user")
-    installed["built"] = built
-    return installed
+    """The collection as a user has it, once for the session: the README's from-zero install block followed
+    as written (tests/galaxy_helpers.py), in a copy of the checkout and a fresh home under /tmp: a venv
+    with ansible-core, `make collection` without root, `ansible-galaxy collection install`, `pip install -r`.
+    A dict: env, newcomer_env, path (the installed collection), venv, home, root (a working directory),
+    built (the build's summary)."""
+    from galaxy_helpers import install_as_the_readme_says
+    return install_as_the_readme_says(tmp_path_factory.mktemp("collection"))

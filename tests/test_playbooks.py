@@ -15,7 +15,9 @@ was unreachable, 2 when one answered with an error or a straggler was found, 0 w
 second deployment changes nothing, and the deployed hosts look right from the outside
 (pytest-testinfra over the test bed's inventory, TLS handshakes from the controller).
 
-Typed as users type them, too: the second deployment is `-e target=live` (a short name on the
+Typed as users type them, too: the second deployment is the README's first command on the README's
+inventory ("From zero to a first fleet query", as written, in the walkthrough's fresh home), and its
+second, the fleet query, follows; a rebuild redeploys with `-e target=live` (a short name on the
 command line), fleet_query gets `-e sql="..."` with spaces and '=', check mode on the set-up controller
 leaves its directories byte-identical, a second controller that brings the same CA (and nothing else)
 changes nothing on the hosts, whose agents keep running, and the inventory plugin straggler.fleet.jobs
@@ -23,9 +25,9 @@ groups the hosts by the job running on them (a two-rank job on the stand-in CUDA
 agents trace), so that `-l job_<id>` targets exactly those nodes.
 
 The tests of this module run in order and share one deployment (module-scoped fixtures); the last
-one removes it. They must not touch the controller's ~/.local/share/straggler (the playbooks'
-default fleet CA, results and wheel cache) or the checkout: everything the playbooks write goes to a
-temporary directory.
+one removes it. The controller's home is the walkthrough's, a fresh one under /tmp (its
+~/.local/share/straggler holds the README's results); nothing is written into the real home or the
+checkout: everything else the playbooks write goes to a temporary directory.
 """
 from __future__ import annotations
 
@@ -182,8 +184,39 @@ def deployed(testbed, work):
                                         "rm -rf /opt/straggler/venv /etc/straggler/agent.yml /etc/straggler/tls"],
                      timeout=60)
     first = run_playbook(testbed, work, "trace.yml")
-    second = run_playbook(testbed, work, "trace.yml", "-e", "target=live")     # the short name, as typed
+    second = readme_command(testbed, work, "straggler.fleet.trace")
     return {"first": first, "second": second}
+
+
+def readme_command(testbed, work: Path, playbook: str) -> PlaybookRun:
+    """The README's first command that runs `playbook` ("From zero to a first fleet query"), as written, in
+    ~/fleet of the walkthrough's fresh home, with the venv its install block made active and nothing else
+    of ours (no ANSIBLE_* variable: Ansible's defaults). ~/fleet/inventory.ini is the README's, each host's
+    address the test bed's, with the test bed's connection settings added as [all:vars]; what a site keeps
+    in group_vars/gpu.yml is this module's (its CA, wheel cache, the agents' netns scope), not the results
+    directory: the table goes to the default one, under that home."""
+    from galaxy_helpers import activated, readme_walkthrough
+    _, user, _ = WORK_ENV[str(work)]
+    walkthrough = readme_walkthrough()
+    place = user["home"] / "fleet"
+    inventory = walkthrough["inventory"]
+    for name in LIVE:
+        inventory, found = re.subn(rf"^{name} ansible_host=\S+", f"{name} ansible_host={testbed.all_hosts[name]}",
+                                   inventory, flags=re.M)
+        assert found == 1, f"the README's inventory has no line for {name}:\n{walkthrough['inventory']}"
+    connection = testbed.inventory.read_text().split("[all:vars]", 1)[1]
+    (place / "inventory.ini").write_text(f"{inventory}\n[all:vars]{connection}")
+    site = json.loads(playbook_vars(work))
+    del site["straggler_results_dir"]
+    (place / "group_vars").mkdir(exist_ok=True)
+    (place / "group_vars" / "gpu.yml").write_text(json.dumps(site, indent=1) + "\n")
+    [command] = [c for c in walkthrough["first"] if playbook in c.split()]
+    env = activated(user["newcomer_env"], user["venv"])
+    proc = subprocess.run(["bash", "-c", command], cwd=place, env=env, capture_output=True, text=True,
+                          timeout=PLAYBOOK_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    logs = work / "logs"
+    (logs / f"{len(list(logs.iterdir())):02d}-readme-{playbook}.log").write_text(command + "\n" + proc.stdout + proc.stderr)
+    return PlaybookRun(["bash", "-c", command], proc.returncode, proc.stdout, proc.stderr, parse_recap(proc.stdout))
 
 
 @pytest.fixture(scope="module")
@@ -236,9 +269,9 @@ def test_trace_deploys_and_starts_agents_and_lists_the_dead_host(deployed, testb
         assert status.get("running") and status.get("current_config"), (name, status)
 
 
-def test_second_trace_run_of_the_short_target_live_changes_nothing(deployed):
+def test_the_readmes_trace_as_written_on_its_inventory_changes_nothing(deployed):
     run = deployed["second"]
-    assert run.rc == 0, "-e target=live: the live hosts alone, all reached\n" + run.explain()
+    assert run.rc == 0, "the README's inventory: the live hosts alone, all reached\n" + run.explain()
     assert sorted(run.recap) == LIVE, run.explain()
     assert "[WARNING]" not in run.stdout + run.stderr, run.explain()
     for name in LIVE:
@@ -254,7 +287,7 @@ def test_a_rebuilt_collection_reinstalled_changes_and_restarts_nothing(deployed,
     env, user, _ = WORK_ENV[str(work)]
     before = {name: agent_status(testbed, name) for name in LIVE}
     assert all(b.get("running") and b.get("agent_pid") for b in before.values()), before
-    built = build_collection(tmp_path / "dist")
+    built = build_collection(tmp_path / "dist", user["venv"] / "bin" / "python")   # the same build tools
     assert built["collection"] != user["built"]["collection"], "a second build, not the first tarball"
     proc = subprocess.run([str(user["venv"] / "bin" / "ansible-galaxy"), "collection", "install", "--force",
                            built["collection"], "-p", str(user["path"].parents[2])], cwd=user["root"], env=env,
@@ -363,6 +396,23 @@ def test_fleet_query_over_https_asks_every_agent_and_lists_the_dead_host(deploye
     assert sorted(row[0] for row in results["rows"]) == LIVE, results
     assert results["missing"] == [DEAD], results
     assert "no rows from gpu-node-dead" in run.stdout, run.explain()
+
+
+def test_the_readmes_fleet_query_as_written_answers_from_every_host_into_the_default_results(deployed, testbed, work):
+    """The README's second command, on its inventory: every host answers (exit 0), the table is printed and
+    written, 0600, under the fresh home's ~/.local/share/straggler/results/, with the README's columns."""
+    run = readme_command(testbed, work, "straggler.fleet.fleet_query")
+    assert run.rc == 0, run.explain()
+    match = re.search(r"rows from 2 of 2 hosts in (\S+\.json)", run.stdout)
+    assert match, run.explain()
+    path = Path(match.group(1))
+    _, user, _ = WORK_ENV[str(work)]
+    assert path.parent == user["home"] / ".local" / "share" / "straggler" / "results", path
+    assert path.stat().st_mode & 0o777 == 0o600
+    results = json.loads(path.read_text())
+    assert results["columns"] == ["node", "source", "cnt", "avg_us"] and results["missing"] == [], results
+    assert sorted({row[0] for row in results["rows"]}) == LIVE, results
+    assert "node | source | cnt | avg_us" in run.stdout, run.explain()
 
 
 TYPED_SQL = "SELECT node, count(*) AS n FROM probes WHERE 1=1 AND node = node GROUP BY node"
