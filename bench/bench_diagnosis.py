@@ -102,6 +102,9 @@ def shapes():
                       24, dict(kernel_us=1200, hosts=3)),
         "more-work-mid-job": (lambda: [sc.Phase("more-work", rank=2, start_s=8, end_s=22,
                                                 valid_slowdown=sc.SMALL_VALID)], 30, dict(kernel_us=1200, hosts=3)),
+        # a longer batch: the same kernels on 1.5x the blocks each, every step
+        "bigger-batch": (lambda: [sc.Phase("bigger-batch", rank=2, start_s=0, end_s=None, valid_slowdown=sc.SMALL_VALID)],
+                         24, dict(kernel_us=1200, hosts=3)),
         "pauses": (lambda: [sc.Phase("pause", rank=1, start_s=6, end_s=None, valid_slowdown=1.06)], 40,
                    dict(kernel_us=1200, hosts=3)),
         "clean": (lambda: [], 24, {}),
@@ -110,7 +113,7 @@ def shapes():
 
 # behind collectives that only enqueue every rank waits in synchronize alike: a slower GPU, or more work on one
 # rank's GPU, cannot be told from the calls; without the GPU's own word nobody can be named
-HIDDEN_IN_ENQUEUE = ("gpu-slow", "more-work")
+HIDDEN_IN_ENQUEUE = ("gpu-slow", "more-work", "bigger-batch")
 
 
 def device_shapes():

@@ -160,21 +160,25 @@ def test_a_node_slow_from_its_first_step_gets_its_real_cause(harness, tmp_path):
 MORE_WORK_KERNEL_US = 1200
 
 
-def test_a_rank_that_does_more_work_is_named_more_work_and_no_healthy_node_is_drained(harness, tmp_path):
-    """One rank launches 1.5x the kernels of the others at every step from the job's first (a heavier
-    pipeline stage, a longer batch; the stand-in GPU's time grows with the kernels; a GPU-bound step,
-    MORE_WORK_KERNEL_US per kernel): it calls CUDA far more often than the others but its collectives as
-    often, so it is in lockstep — named, its cause more-work with a recommendation to rebalance the work,
-    never gpu-slow and never 'drain the node'. (The same fault mid-job is a row of bench/bench_diagnosis.py.)"""
-    phases = [sc.Phase("more-work", rank=2, start_s=0, end_s=None, valid_slowdown=sc.SMALL_VALID)]
-    run, valid, report, text = schedule_case(harness, tmp_path, "more-work", phases, seconds=24,
+def test_a_rank_with_a_longer_batch_is_named_more_work_and_no_healthy_node_is_drained(harness, tmp_path):
+    """One rank launches the same kernels as the others on 1.5x the blocks each, at every step from the job's
+    first (a longer batch, a longer sequence; the stand-in GPU's time grows with the blocks; a GPU-bound step,
+    MORE_WORK_KERNEL_US per kernel): as many calls and collectives as the others, its GPU busier. Named, its
+    cause more-work from the sizes its launches were recorded with, with a recommendation to rebalance the
+    work — never gpu-slow and never 'drain the node'. (More kernels per step, from the first step and
+    mid-job, are rows of bench/bench_diagnosis.py; the ratio's arithmetic is tests/test_explain_model.py's.)"""
+    phases = [sc.Phase("bigger-batch", rank=2, start_s=0, end_s=None, valid_slowdown=sc.SMALL_VALID)]
+    run, valid, report, text = schedule_case(harness, tmp_path, "bigger-batch", phases, seconds=24,
                                              kernel_us=MORE_WORK_KERNEL_US, hosts=3)
     assert_found(run, valid, report, text)
     e = sc.episode_of(run, valid[0], report)
     causes = {c["cause"]: c for c in e["causes"]}
     assert "gpu-slow" not in causes or causes["gpu-slow"]["share"] < causes["more-work"]["share"], text
     (more,) = [f for f in e["findings"] if f["cause"] == "more-work"]
-    assert more["numbers"]["work_ratio"] >= 1.3 and "do not drain it" in more["recommendation"], text
+    numbers = more["numbers"]
+    assert numbers["work_ratio"] >= 1.3 and "do not drain it" in more["recommendation"], text
+    assert abs(numbers["launches_per_collective"] / numbers["others_launches_per_collective"] - 1) < 0.05, text
+    assert numbers["threads_per_kernel"] == pytest.approx(1.5 * numbers["others_threads_per_kernel"], rel=0.05), text
     assert "drain" not in " ".join(f["recommendation"] for f in e["findings"] if f["cause"] != "more-work"), text
 
 

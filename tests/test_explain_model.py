@@ -146,8 +146,45 @@ def test_a_rank_doing_more_work_between_the_same_collectives_is_in_lockstep_and_
              rank("n4", thread(1, calls=150, sync_ns=0.45, coll_ns=0.05))]
     verdict = model.find_stragglers(ranks, [], OPTS, mix=mix(30 * 50, 50))
     assert [s["rank"].key[0] for s in verdict.stragglers] == ["n4"], verdict.rejected
-    mine, med, ratio = model.work_ratio(("n4", 100), [("n1", 100), ("n2", 100), ("n3", 100)], mix(30 * 50, 50))
-    assert (mine, med) == (30, 20) and ratio == pytest.approx(1.5)
+    work = model.work_ratio(("n4", 100), [("n1", 100), ("n2", 100), ("n3", 100)], mix(30 * 50, 50))
+    assert (work.kernels, work.others_kernels) == (30, 20) and work.ratio == pytest.approx(1.5)
+    assert work.threads is None and work.size_ratio == 1.0      # no launch recorded with its grid: count alone
+
+
+def sized(mix_, key, n, mean, sd):
+    """Give a rank of `mix_` n recorded launches of that mean and standard deviation of threads."""
+    mix_[key].update(sized=n, threads=mean, threads_sq=sd * sd + mean * mean)
+    return mix_
+
+
+OTHERS = [("n1", 100), ("n2", 100), ("n3", 100)]
+
+
+def test_the_same_kernels_on_bigger_grids_are_more_work_and_their_size_is_the_ratio():
+    """A longer batch: as many kernels per collective as the others, each on 1.5x the threads (every sampled
+    launch alike) — 1.5x the work per step, counted from the sizes the launches were recorded with."""
+    m = mix(20 * 50, 50)
+    for key in OTHERS:
+        sized(m, key, 300, 256.0, 0.0)
+    work = model.work_ratio(("n4", 100), OTHERS, sized(m, ("n4", 100), 300, 384.0, 0.0))
+    assert work.kernels_ratio == pytest.approx(1.0) and work.ratio == pytest.approx(1.5)
+    assert (work.threads, work.others_threads, work.sized) == (384.0, 256.0, 300)
+
+
+def test_kernel_sizes_that_differ_within_their_sampling_or_from_few_launches_are_not_more_work():
+    """A mix of small and large kernels (a spread of 4x the mean): 60 sampled launches each put the means 10 %
+    apart by chance — no evidence of bigger kernels, so the ratio is the kernel count's alone; and a rank with
+    fewer than SIZE_MIN_LAUNCHES sized launches is not sized at all."""
+    m = mix(20 * 50, 50)
+    for key in OTHERS:
+        sized(m, key, 60, 10_000.0, 40_000.0)
+    work = model.work_ratio(("n4", 100), OTHERS, sized(m, ("n4", 100), 60, 11_000.0, 40_000.0))
+    assert work.ratio == pytest.approx(1.0) and work.threads is None
+    m = mix(20 * 50, 50)
+    for key in OTHERS:
+        sized(m, key, 300, 256.0, 0.0)
+    few = sized(m, ("n4", 100), model.SIZE_MIN_LAUNCHES - 1, 512.0, 0.0)
+    assert model.work_ratio(("n4", 100), OTHERS, few).ratio == pytest.approx(1.0)
 
 
 def test_a_rank_calling_collectives_at_another_rate_is_not_in_lockstep():

@@ -79,6 +79,7 @@ SELF_THREADS = 5
 HOST_MS = 16
 GPU_FACTOR = 5
 MORE_WORK_KERNELS = 1.5      # a schedule's more-work phase: this many times the kernels every step
+MORE_WORK_GRID = 1.5         # a schedule's bigger-batch phase: the same kernels on this many times the blocks
 PAUSE_MS = 300               # a schedule's pause phase: a pause of host compute this long ...
 PAUSE_EVERY_S = 2.0          # ... every this many seconds (a full garbage collection)
 IMBALANCE = 3                # a schedule's imbalance phase: a different rank does this many times the work each step

@@ -28,7 +28,7 @@ from pathlib import Path
 from straggler.analysis.explain.episodes import EpisodeOptions
 
 from .harness import (CPU_HOG_NICE_BELOW_JOB, CPU_HOG_THREADS, EXPECTED_CAUSE, GPU_FACTOR, HOST_MS, IO_SELF_MB,
-                      IMBALANCE, MORE_WORK_KERNELS, PAUSE_EVERY_S, PAUSE_MS, SELF_THREADS, VALID_SLOWDOWN, HarnessError, _write_atomic, read_steps, stop_procs)
+                      IMBALANCE, MORE_WORK_GRID, MORE_WORK_KERNELS, PAUSE_EVERY_S, PAUSE_MS, SELF_THREADS, VALID_SLOWDOWN, HarnessError, _write_atomic, read_steps, stop_procs)
 
 CONTROL_FAULTS = {"self-contention": ("threads", SELF_THREADS), "host-compute": ("host_ms", HOST_MS),
                   "gpu-slow": ("gpu_factor", GPU_FACTOR), "io-self": ("io_mb", IO_SELF_MB),
@@ -36,6 +36,8 @@ CONTROL_FAULTS = {"self-contention": ("threads", SELF_THREADS), "host-compute": 
                   "gpu-throttled": ("gpu_factor", GPU_FACTOR), "gpu-errors": ("gpu_factor", GPU_FACTOR),
                   # the work itself: more kernels every step (a heavier pipeline stage, a longer batch)
                   "more-work": ("kernels", MORE_WORK_KERNELS),
+                  # the same kernels on bigger grids every step (a longer batch, a longer sequence)
+                  "bigger-batch": ("grid", MORE_WORK_GRID),
                   # a full garbage collection every PAUSE_EVERY_S: a pause of host compute
                   "pause": ("pause_ms", PAUSE_MS),
                   # every rank's file: a different rank does IMBALANCE times the work at each step (uneven batches)
@@ -44,6 +46,7 @@ ALL_RANKS = ("imbalance",)   # faults of the whole job: every rank's control fil
 # the other lines of a fault's control file: what a stand-in GPU says of itself, a pause's rhythm
 DEVICE_LINES = {"gpu-throttled": "throttle=thermal\n", "pause": f"pause_every_s={PAUSE_EVERY_S:g}\n"}
 EXPECTED = {"gpu-throttled": "gpu-throttled", "gpu-errors": "gpu-errors", "more-work": "more-work",
+            "bigger-batch": "more-work",
             "pause": "host-compute", "imbalance": None}
 SKIP_S = 1.0                 # a phase's first second and the job's first seconds are not steady state
 WARMUP_SKIP_S = 3.0

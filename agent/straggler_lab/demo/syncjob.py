@@ -4,10 +4,10 @@
         --standin-dir DIR --seconds S --stop-file F --log CSV [--control FILE] [--cpu C] [--check]
         [--job-dir D] [--max-steps N] [--autogroup-nice N]
 
-Each step, in the main thread: 20 x cuLaunchKernel (the stand-in spins 20 us on the host per
-launch and gives each kernel 300 us of device time: about 6 ms of GPU work; these are the
-defaults of STRAGGLER_STANDIN_LAUNCH_US / _KERNEL_US, with _SYNC_US=0, unless the environment
-sets them), host compute (a busy loop of about 2 ms of CPU time in Python, outside any CUDA
+Each step, in the main thread: 20 x cuLaunchKernel of 8 blocks of 32 threads (the stand-in spins
+20 us on the host per launch and gives each 8-block kernel 300 us of device time: about 6 ms of GPU
+work; these are the defaults of STRAGGLER_STANDIN_LAUNCH_US / _KERNEL_US / _KERNEL_BLOCKS, with
+_SYNC_US=0, unless the environment sets them), host compute (a busy loop of about 2 ms of CPU time in Python, outside any CUDA
 call), cudaStreamSynchronize, then ncclAllReduce of 1024 float32 (its last element carries the
 stop vote, below) on a communicator of ncclCommInitRank: the stand-in does a REAL
 allreduce over TCP through rank 0 (STRAGGLER_STANDIN_NCCL_ROOT=--root), so one late rank makes
@@ -25,6 +25,8 @@ file is the stand-in's STRAGGLER_STANDIN_CONTROL), one `key=value` a line:
   gpu_factor=X  read by the stand-in: kernels take X times their device time
   kernels=X     X times the kernels launched per step (more work: a pipeline stage with more layers, a
                 longer batch; the stand-in's GPU time grows with the kernels, as a real GPU's does)
+  grid=X        the same kernels on X times the blocks each (more work: a longer batch, a longer sequence;
+                the stand-in's GPU time grows with the blocks)
   pause_ms=X    every pause_every_s (default 2) seconds, one pause of X ms of host compute in a step
                 (busy loop, outside CUDA calls): a full garbage collection
   imbalance=X   at every world-th step, its turn (step % world == rank), X times the kernels: put in every
@@ -55,6 +57,7 @@ import time
 LAUNCHES_PER_STEP = 20
 LAUNCH_US = 20
 KERNEL_US = 300
+KERNEL_BLOCKS = 8       # a kernel's grid (blocks of 32 threads): KERNEL_US is its device time
 HOST_MS = 2.0
 COUNT = 1024            # float32 elements per allreduce; the last one is the stop vote
 NCCL_FLOAT32 = 7
@@ -62,7 +65,8 @@ NCCL_SUM = 0
 PATTERNS = 5            # the data changes every step (5 patterns), so --check checks real sums
 PR_SET_NAME = 15
 EXEC_MARK = "STRAGGLER_SYNCJOB_EXEC"
-CONTROL_KEYS = ("host_ms", "io_mb", "threads", "gpu_factor", "kernels", "pause_ms", "pause_every_s", "imbalance")
+CONTROL_KEYS = ("host_ms", "io_mb", "threads", "gpu_factor", "kernels", "grid", "pause_ms", "pause_every_s",
+                "imbalance")
 
 
 class JobError(RuntimeError):
@@ -319,7 +323,7 @@ def _exec_with_identity(args, argv):
     }
     # the stand-in's call durations: these defaults unless the environment sets them
     for key, value in (("STRAGGLER_STANDIN_LAUNCH_US", LAUNCH_US), ("STRAGGLER_STANDIN_KERNEL_US", KERNEL_US),
-                       ("STRAGGLER_STANDIN_SYNC_US", 0)):
+                       ("STRAGGLER_STANDIN_KERNEL_BLOCKS", KERNEL_BLOCKS), ("STRAGGLER_STANDIN_SYNC_US", 0)):
         want[key] = os.environ.get(key) or str(value)
     if args.control:
         want["STRAGGLER_STANDIN_CONTROL"] = os.path.abspath(args.control)
@@ -390,7 +394,7 @@ def run(args):
             expected.append(bytes((ctypes.c_float * (COUNT - 1))(*([float(total * (k + 1))] * (COUNT - 1)))))
         host_iters = int(HOST_MS * iters_per_ms)
         extra_iters = 0
-        launches = LAUNCHES_PER_STEP
+        launches, blocks = LAUNCHES_PER_STEP, KERNEL_BLOCKS
         pause_iters, pause_every_s, next_pause = 0, 2.0, time.monotonic()
         imbalance = 1.0
         launch, kernel = gpu.cuLaunchKernel, gpu.kernel
@@ -402,6 +406,7 @@ def run(args):
                 sync_io.set(control.get("io_mb"))
                 spinners.set(control.get("threads"))
                 launches = max(1, int(round(LAUNCHES_PER_STEP * (control.get("kernels") or 1.0))))
+                blocks = max(1, int(round(KERNEL_BLOCKS * (control.get("grid") or 1.0))))
                 pause_iters = int(control.get("pause_ms") * iters_per_ms)
                 pause_every_s = control.get("pause_every_s") or 2.0
                 imbalance = control.get("imbalance") or 1.0
@@ -410,7 +415,7 @@ def run(args):
                 next_pause = time.monotonic() + pause_every_s
             turn = imbalance != 1.0 and step % args.world == args.rank
             for _ in range(int(round(launches * imbalance)) if turn else launches):
-                launch(kernel, 1, 1, 1, 32, 1, 1, 0, None, None, None)
+                launch(kernel, blocks, 1, 1, 32, 1, 1, 0, None, None, None)
             _spin_loop(host_iters + extra_iters)
             gpu.cudaStreamSynchronize(None)
             sync_io.step()

@@ -26,6 +26,10 @@
  *       use, named "standin-gpu") that runs a FIFO queue in order; a kernel takes
  *       KERNEL_US x gpu_factor of device time (it sleeps; device time is kept on its own
  *       clock, so the device thread's own scheduling delays do not stretch it, as on a GPU).
+ *   STRAGGLER_STANDIN_KERNEL_BLOCKS  (default 0: every kernel alike) the grid, in blocks
+ *       (gridDimX x gridDimY x gridDimZ), that KERNEL_US is the device time of: when > 0, a kernel
+ *       of B blocks takes KERNEL_US x B / KERNEL_BLOCKS (x gpu_factor) — more blocks, more GPU time,
+ *       as a GPU whose SMs are all busy (a longer batch launches the same kernels on bigger grids).
  *       Synchronize calls (cuCtxSynchronize, cuStreamSynchronize*, cudaStreamSynchronize*,
  *       cudaDeviceSynchronize) first wait, asleep (a condition variable: off-CPU, blocked),
  *       until the device queue is empty, then sleep SYNC_US as before (set it to 0 then).
@@ -87,6 +91,7 @@
 
 static long launch_ns = 5000, alloc_ns = 20000, copy_ns = 10000, sync_ns = 100000, nccl_ns = 200000;
 static long kernel_ns = 0;
+static long kernel_blocks = 0;   /* the grid KERNEL_US is for (0: every kernel alike) */
 
 static long env_us(const char *name, long dflt_ns)
 {
@@ -113,6 +118,9 @@ __attribute__((constructor)) static void standin_read_env(void)
     sync_ns = env_us("STRAGGLER_STANDIN_SYNC_US", sync_ns);
     nccl_ns = env_us("STRAGGLER_STANDIN_NCCL_US", nccl_ns);
     kernel_ns = env_us("STRAGGLER_STANDIN_KERNEL_US", kernel_ns);
+    const char *blocks = getenv("STRAGGLER_STANDIN_KERNEL_BLOCKS");
+    if (blocks && *blocks)
+        kernel_blocks = strtol(blocks, NULL, 10);
     const char *root = getenv("STRAGGLER_STANDIN_NCCL_ROOT");
     device_used = kernel_ns > 0 || (root && *root) || env_is("STRAGGLER_STANDIN_NCCL_MODE", "enqueue");
 }
@@ -154,8 +162,9 @@ __attribute__((unused)) static uint64_t fake_alloc(size_t bytes)
 
 /* The process's device, as libcuda.so.1 exports it to the other two stand-in libraries. */
 struct standin_device_api {
-    int version;                                   /* 1 */
-    void (*kernel)(void);                          /* enqueue one kernel (KERNEL_US x gpu_factor) */
+    int version;                                   /* 2 */
+    void (*kernel)(unsigned long blocks);          /* enqueue one kernel of that grid (KERNEL_US x gpu_factor,
+                                                      scaled by its blocks when KERNEL_BLOCKS is set) */
     int (*host_fn)(void (*fn)(void *), void *arg); /* enqueue fn(arg), run by the device thread; 0 ok */
     void (*drain)(void);                           /* wait, asleep, until the queue is empty */
 };
@@ -315,13 +324,14 @@ static int device_push(long ns, void (*fn)(void *), void *arg)
     return 0;
 }
 
-static void device_kernel(void)
+static void device_kernel(unsigned long blocks)
 {
     if (kernel_ns <= 0)
         return;
     if (__atomic_fetch_add(&dev_launches, 1, __ATOMIC_RELAXED) % 1000 == 0)
         control_check();
-    device_push(kernel_ns, NULL, NULL);
+    device_push(kernel_blocks > 0 ? (long)((double)kernel_ns * (double)blocks / (double)kernel_blocks) : kernel_ns,
+                NULL, NULL);
 }
 
 static int device_host_fn(void (*fn)(void *), void *arg)
@@ -342,7 +352,7 @@ static void device_drain(void)
     pthread_mutex_unlock(&dev_mu);
 }
 
-static const struct standin_device_api the_device = {1, device_kernel, device_host_fn, device_drain};
+static const struct standin_device_api the_device = {2, device_kernel, device_host_fn, device_drain};
 
 /* ---- the stand-in NVML's process registry (standin_control.h) ----
  * With STRAGGLER_STANDIN_NVML_CONFIG set, a process that loads this library uses the stand-in GPU(s)
@@ -414,7 +424,7 @@ static void device_resolve(void)
         *(void **)&get = dlsym(lib, "straggler_standin_device");
     if (get)
         dev_api = get();
-    if (!dev_api || dev_api->version < 1) {
+    if (!dev_api || dev_api->version < 2) {
         dev_api = NULL;
         fprintf(stderr, "stand-in: the stand-in libcuda.so.1 (its device) was not found beside this library: "
                         "kernels and enqueued collectives run on no device\n");
@@ -440,13 +450,13 @@ __attribute__((unused)) static void sync_wait(void)
 }
 
 /* After a launch's host-side cost: the kernel goes on the device. */
-__attribute__((unused)) static void launch_kernel(void)
+__attribute__((unused)) static void launch_kernel(unsigned int gx, unsigned int gy, unsigned int gz)
 {
     if (kernel_ns <= 0)
         return;
     const struct standin_device_api *dev = device();
     if (dev)
-        dev->kernel();
+        dev->kernel((unsigned long)gx * gy * gz);
 }
 
 #ifdef STANDIN_DRIVER
@@ -469,7 +479,7 @@ API CUresult cuDriverGetVersion(int *v) { if (v) *v = 12040; return 0; }
         (void)f; (void)gridDimX; (void)gridDimY; (void)gridDimZ; (void)blockDimX; (void)blockDimY;              \
         (void)blockDimZ; (void)sharedMemBytes; (void)hStream; (void)kernelParams; (void)extra;                  \
         spin_ns(launch_ns);                                                                                      \
-        launch_kernel();                                                                                         \
+        launch_kernel(gridDimX, gridDimY, gridDimZ);                                                             \
         return 0;                                                                                                \
     }
 CU_LAUNCH(cuLaunchKernel)
@@ -521,7 +531,7 @@ typedef struct { unsigned int x, y, z; } dim3; /* 12 bytes: passed by value in t
     {                                                                                                            \
         (void)func; (void)gridDim; (void)blockDim; (void)args; (void)sharedMem; (void)stream;                   \
         spin_ns(launch_ns);                                                                                      \
-        launch_kernel();                                                                                         \
+        launch_kernel(gridDim.x, gridDim.y, gridDim.z);                                                          \
         return 0;                                                                                                \
     }
 CUDA_LAUNCH(cudaLaunchKernel)

@@ -82,8 +82,10 @@ class Context:
     recent: dict = field(default_factory=dict)     # (node, pid) -> RankTime over the recent part
     baseline: dict = field(default_factory=dict)   # (node, pid) -> RankTime over its baseline
     ranks: list = field(default_factory=list)      # [RankTime] recent, in (node, rank, pid) order
-    mix: dict = field(default_factory=dict)        # (node, pid) -> {"launches", "collectives"} over the recent part
+    mix: dict = field(default_factory=dict)        # (node, pid) -> {"launches", "collectives"} over the recent part,
+                                                   # and its kernels' size: {"sized", "threads", "threads_sq"}
     mix_sql: str = None
+    sizes_sql: str = None          # the ranks' kernel sizes (sql.launch_sizes)
 
 
 def explain_connection(conn, source, missing=None, answered=None, **opts):
@@ -726,15 +728,19 @@ def analyse(runner, opts, windows, span_rows, wait_def=None, expected_share=1.0,
 
     ranks = sorted(recent.values(), key=lambda r: (r.key[0], r.rank if r.rank is not None else -1, r.key[1]))
     mix_sql = sql.call_mix(windows) if windows else None
+    sizes_sql = sql.launch_sizes(windows) if windows else None
     mix = {}
     for r in (runner.rows(mix_sql) if mix_sql else []):
         if r["part"] == "recent":
             mix[(r["node"], int(r["pid"]))] = dict(launches=int(r["launches"] or 0), collectives=int(r["collectives"] or 0))
+    for r in (runner.rows(sizes_sql) if sizes_sql and mix else []):
+        if (r["node"], int(r["pid"])) in mix:
+            mix[(r["node"], int(r["pid"]))].update(sized=int(r["sized"]), threads=r["threads"], threads_sq=r["threads_sq"])
     verdict = model.find_stragglers(ranks, slices, mopts, mix=mix)
     return Context(runner=runner, opts=opts, mopts=mopts, span_rows=span_rows, windows=windows, win_of=win_of,
                    threads_sql=threads_sql, slices_sql=slices_sql, verdict=verdict, slices=slices,
                    slice_index=slice_index, slice_ns=slice_ns, recent=recent, baseline=baseline, ranks=ranks,
-                   mix=mix, mix_sql=mix_sql)
+                   mix=mix, mix_sql=mix_sql, sizes_sql=sizes_sql)
 
 
 def _order(found):

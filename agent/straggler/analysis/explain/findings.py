@@ -415,15 +415,21 @@ def _cause_findings(report, ctx, rt, others, base):
     same_work = model.work_ratio(rt.key, [o.key for o in others], ctx.mix)
     more = _more_work(ctx, rt, others, ex, same_work)
     if more is not None:
-        share, (mine, med, ratio), parts = more
+        share, work, parts = more
+        numbers = {"launches_per_collective": round(work.kernels, 2),
+                   "others_launches_per_collective": round(work.others_kernels, 2), "work_ratio": round(work.ratio, 3),
+                   "excess_ns": excess_ns}
+        extra = {"call_mix": ctx.mix_sql.strip()}
+        if work.threads:
+            numbers.update(threads_per_kernel=round(work.threads, 1), others_threads_per_kernel=round(work.others_threads, 1),
+                           sized_launches=work.sized)
+            extra["kernel_sizes"] = ctx.sizes_sql.strip()
         add("more-work", share / denom,
-            f"more work on {node}: it launches {mine:.1f} kernels per collective vs {med:.1f} median on the other ranks "
-            f"(×{ratio:.2f}) — the same collectives, more work between them (a pipeline stage with more layers, a "
-            f"longer batch); its GPU and launch time above the others' is what those kernels take"
-            + (f", and {_pct(parts['rest'] / denom)} of its excess is beyond them" if parts["rest"] > 0 else ""),
-            {"launches_per_collective": round(mine, 2), "others_launches_per_collective": round(med, 2),
-             "work_ratio": round(ratio, 3), "excess_ns": excess_ns},
-            extra_sql={"call_mix": ctx.mix_sql.strip()}, recommendation=MORE_WORK_RECOMMENDATION)
+            f"more work on {node}: {_work_text(work)} — ×{work.ratio:.2f} the work per step between the same "
+            f"collectives ({'a longer batch or sequence' if work.threads and work.kernels_ratio < 1.05 else 'a pipeline stage with more layers, a longer batch'}); "
+            f"its GPU and launch time above the others' is what that work takes"
+            + (f", and {_pct(parts['rest'] / denom)} of its excess is beyond it" if parts["rest"] > 0 else ""),
+            numbers, extra_sql=extra, recommendation=MORE_WORK_RECOMMENDATION)
     # its own block I/O first: the CPU it took to copy what it wrote (into the page cache) is host compute to
     # the step-time model, and the I/O's, not the rank's other work (at least bytes / PAGE_CACHE_BYTES_PER_S)
     io = None
@@ -445,8 +451,10 @@ def _cause_findings(report, ctx, rt, others, base):
             column = f"{component}_ns"
             text = what.format(node=node, grew=grew(component), others=others_txt(component))
             if cause == "gpu-slow" and more is None:       # same work, slower — or can it not be told?
-                text += (f"; it launches as many kernels per collective as the others (×{same_work[2]:.2f}): the same "
-                         f"work, slower" if same_work else "; its kernels per step were not counted, so more work per "
+                text += (f"; it launches as many kernels per collective as the others (×{same_work.kernels_ratio:.2f})"
+                         + (f", of the same size as far as {_sized(ctx, rt)} recorded launches tell" if _sized(ctx, rt)
+                            else ", their sizes not recorded") + ": the same work, slower"
+                         if same_work else "; its kernels per step were not counted, so more work per "
                          "step (a longer batch, a heavier stage) cannot be told from a slower GPU here")
             add(cause, ex[component] / denom, text,
                 dict({f"{component}_pct": round(100 * rt.share(component), 1), "excess_ns": excess_ns},
@@ -484,14 +492,29 @@ def _cause_findings(report, ctx, rt, others, base):
             recommendation="profile its blocking: offcputime-style stacks (py-spy dump --pid PID) while it straggles")
 
 
+def _work_text(work):
+    """What a rank does more of per step, in words (model.Work)."""
+    text = (f"it launches {work.kernels:.1f} kernels per collective vs {work.others_kernels:.1f} median on the other "
+            f"ranks")
+    if work.threads:
+        text += (f", each of ×{work.size_ratio:.2f} the threads ({work.threads:,.0f} vs {work.others_threads:,.0f} per "
+                 f"kernel, from {work.sized} of its launches recorded with their grid)")
+    return text
+
+
+def _sized(ctx, rt):
+    """How many of the rank's launches were recorded with their dimensions (0: none)."""
+    return int((ctx.mix or {}).get(rt.key, {}).get("sized") or 0)
+
+
 def _more_work(ctx, rt, others, ex, found):
-    """The straggler's more work per step (`found`: model.work_ratio): the part of its sync and work excess (`ex`,
-    taken out of it in place) that its extra kernels account for — the others' median share of each times
-    the extra kernels — as (that share of wall time, (its kernels per collective, the others', the ratio),
-    {"rest": what is left beyond them}); None when it launches no more than the others (more_work_ratio)."""
-    if found is None or found[2] < ctx.mopts.more_work_ratio:
+    """The straggler's more work per step (`found`: model.work_ratio, a Work): the part of its sync and work excess
+    (`ex`, taken out of it in place) that its extra work accounts for — the others' median share of each times
+    the extra work — as (that share of wall time, the Work, {"rest": what is left beyond it}); None when it
+    launches no more work than the others (more_work_ratio)."""
+    if found is None or found.ratio < ctx.mopts.more_work_ratio:
         return None
-    mine, _, ratio = found
+    ratio = found.ratio
     taken = 0.0
     for component in ("sync", "work"):
         if ex.get(component, 0) <= 0:

@@ -10,9 +10,10 @@ Waiting for peers is coll + blocked; in the enqueue style (NCCL on a GPU) it hid
 the definition that separates the ranks more is used (`choose_wait`). Cause classes map the
 straggler's excess components: runq -> cpu-contention / self-contention (by who held the CPU),
 host -> host-compute, sync -> gpu-slow, work -> cuda-calls, io -> io-self / io-other; what no
-component explains is `unknown`. A rank that launches more kernels per collective than the others
-does more work per step (a pipeline stage with more layers, a longer batch): the part of its sync and
-work excess those kernels account for is `more-work` (work_ratio), the rest stays gpu-slow/cuda-calls.
+component explains is `unknown`. A rank that launches more kernels per collective than the others, or
+bigger ones (their grids, from the recorded launches), does more work per step (a pipeline stage with
+more layers, a longer batch): the part of its sync and work excess that work accounts for is
+`more-work` (work_ratio), the rest stays gpu-slow/cuda-calls.
 """
 import statistics
 from dataclasses import dataclass, field
@@ -34,8 +35,9 @@ class ModelOptions:
     enqueue_margin: float = 0.02 # counting sync as waiting must separate the ranks by this much more
     max_step_rate_ratio: float = 1.25   # a rank calling collectives at a rate this different from the others' (or,
                                         # where the collectives are not counted, CUDA calls) is not in lockstep
-    more_work_ratio: float = 1.15       # a rank launching this many times the others' kernels per collective does
-                                        # more work per step: a cause of its own (more-work), not a slow device
+    more_work_ratio: float = 1.15       # a rank launching this many times the others' work per collective (kernels x
+                                        # their size) does more work per step: a cause of its own (more-work), not a
+                                        # slow device
     same_speed_ratio: float = 1.25      # ... and when its time per kernel (in synchronize, in launches) is at most
                                         # this times the others', its kernels run as fast as theirs: all of that
                                         # excess is the extra kernels (GPU work overlaps host work, so the time
@@ -130,9 +132,64 @@ def out_of_lockstep(key, ranks, coll, ratio):
     return None
 
 
+SIZE_MIN_LAUNCHES = 20    # a rank's kernels are sized from at least this many recorded launches
+SIZE_MIN_Z = 3.0          # ... and their mean differs from the others' by this many standard errors: sampled
+                          # launches of a mix of small and large kernels are no evidence of bigger ones
+
+
+@dataclass(frozen=True)
+class Work:
+    """How much more work a rank launches per step than the others (work_ratio): its kernels per collective
+    and the others' median, and the size of its kernels against the others' (threads per kernel, from the
+    recorded launches; None where they cannot be compared or do not differ beyond their sampling)."""
+    kernels: float                 # its kernels per collective
+    others_kernels: float          # the other ranks' median
+    threads: float = None          # its mean threads per kernel, when its size counts
+    others_threads: float = None
+    sized: int = 0                 # its recorded launches that carry their dimensions
+
+    @property
+    def kernels_ratio(self):
+        return self.kernels / self.others_kernels
+
+    @property
+    def size_ratio(self):
+        return self.threads / self.others_threads if self.threads and self.others_threads else 1.0
+
+    @property
+    def ratio(self):
+        """Its work per step over the others': more kernels, bigger kernels, or both."""
+        return self.kernels_ratio * self.size_ratio
+
+
+def _size(m):
+    """(mean, standard error of the mean, n) of a rank's recorded kernel sizes, or None (too few)."""
+    n = int((m or {}).get("sized") or 0)
+    if n < SIZE_MIN_LAUNCHES or not m.get("threads"):
+        return None
+    mean = float(m["threads"])
+    var = max(0.0, float(m.get("threads_sq") or 0.0) - mean * mean)
+    return mean, (var / n) ** 0.5, n
+
+
+def kernel_sizes(key, other_keys, mix):
+    """(its mean threads per kernel, the others' median rank's, its sized launches) where the ranks' kernels differ
+    in size beyond what their sampling says (SIZE_MIN_Z standard errors), else None."""
+    mine = _size((mix or {}).get(key))
+    others = sorted((s for s in (_size((mix or {}).get(k)) for k in other_keys) if s is not None), key=lambda s: s[0])
+    if mine is None or not others:
+        return None
+    ref = others[(len(others) - 1) // 2]
+    se = (mine[1] ** 2 + ref[1] ** 2) ** 0.5
+    if ref[0] <= 0 or abs(mine[0] - ref[0]) <= SIZE_MIN_Z * se:
+        return None
+    return mine[0], ref[0], mine[2]
+
+
 def work_ratio(key, other_keys, mix):
-    """How much more work the rank `key` launches per step than the others: (its kernels per collective, the
-    others' median, the ratio), or None where the aggregates did not count them."""
+    """How much more work the rank `key` launches per step than the others, a Work: its kernels per collective
+    against the others' median, times how much bigger its kernels are (kernel_sizes: a longer batch launches
+    the same kernels on bigger grids), or None where the aggregates did not count its kernels."""
     def per_step(k):
         m = (mix or {}).get(k)
         return m["launches"] / m["collectives"] if m and m.get("collectives") and m.get("launches") is not None else None
@@ -140,8 +197,10 @@ def work_ratio(key, other_keys, mix):
     others = [v for v in (per_step(k) for k in other_keys) if v is not None]
     if mine is None or not others or median(others) <= 0:
         return None
-    med = median(others)
-    return mine, med, mine / med
+    sizes = kernel_sizes(key, other_keys, mix)
+    if sizes is None:
+        return Work(mine, median(others))
+    return Work(mine, median(others), threads=sizes[0], others_threads=sizes[1], sized=sizes[2])
 
 
 def find_stragglers(ranks, slices, opts, max_nodes=2, max_ranks=64, mix=None):

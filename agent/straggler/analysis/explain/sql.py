@@ -176,6 +176,25 @@ GROUP BY a.node, a.pid, w.part
 ORDER BY a.node, a.pid, w.part"""
 
 
+def launch_sizes(windows):
+    """The size of each rank's kernels in its recent part, from its recorded launches (the agent records a
+    sample of them, 1 in --sample, and the slow ones; a kernel's size does not make its launch call slow):
+    how many carry their dimensions, and the mean and mean square of their threads (grid x block, as the
+    launch arguments give them). A rank with a longer batch launches the same kernels on bigger grids."""
+    launches = ", ".join(q(op) for op in LAUNCH_OPS)
+    threads = ("(CAST(e.grid_x AS REAL) * IFNULL(e.grid_y, 1) * IFNULL(e.grid_z, 1) * e.block_x * IFNULL(e.block_y, 1)"
+               " * IFNULL(e.block_z, 1))")
+    return f"""
+WITH {win_cte(windows)}
+SELECT e.node, e.pid, COUNT(*) AS sized, AVG({threads}) AS threads, AVG({threads} * {threads}) AS threads_sq
+FROM win w
+JOIN events e ON +e.node = w.node AND +e.pid = w.pid AND e.ts >= w.lo AND e.ts < w.hi
+WHERE w.part = 'recent' AND e.source IN ('cuda', 'driver') AND e.op IN ({launches}) AND e.grid_x > 0
+  AND e.block_x > 0 AND {_hull_filter(windows, "e", ("recent",))}
+GROUP BY e.node, e.pid
+ORDER BY e.node, e.pid"""
+
+
 def slices(windows, slice_ns):
     """The recent part cut into slices of slice_ns from where it begins: thread_time summed per thread
     and slice."""
