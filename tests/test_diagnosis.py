@@ -179,6 +179,7 @@ def test_a_rank_with_a_longer_batch_is_named_more_work_and_no_healthy_node_is_dr
     assert numbers["work_ratio"] >= 1.3 and "do not drain it" in more["recommendation"], text
     assert abs(numbers["launches_per_collective"] / numbers["others_launches_per_collective"] - 1) < 0.05, text
     assert numbers["threads_per_kernel"] == pytest.approx(1.5 * numbers["others_threads_per_kernel"], rel=0.05), text
+    assert numbers["bytes_per_collective"] == numbers["others_bytes_per_collective"] > 0, text    # the same allreduce
     assert "drain" not in " ".join(f["recommendation"] for f in e["findings"] if f["cause"] != "more-work"), text
 
 

@@ -293,3 +293,53 @@ def test_collectives_grouped_and_where_the_peers_wait():
     assert comms.where_waited(found, ("a", 1), wall_ns=10_000_000) is None
     # nor one the straggler itself spends as long in (c: 950 in the world, its peers 500)
     assert comms.where_waited(found, ("c", 1), wall_ns=10_000) is None
+
+
+def test_behind_enqueued_collectives_the_one_rank_with_more_work_is_pointed_at_and_nobody_drained():
+    """Every rank waits alike in synchronize (collectives that only enqueue: nobody can be named), and n4
+    launches 1.5x the kernels per collective: the device-wide warning says that rank's GPU, doing more work, is
+    likely the one the others wait for, and sends the operator to its work before the GPUs — never to drain
+    it. Two ranks doing more work (or none) point at nobody."""
+    from types import SimpleNamespace
+    from straggler.analysis.explain import findings
+    grown = [(n, 0.40, 0.62) for n in ("n1", "n2", "n3", "n4")]
+    ranks = [healthy("n1"), healthy("n2"), healthy("n3"), healthy("n4")]
+    ctx = SimpleNamespace(ranks=ranks, mix=mix(30 * 50, 50), mopts=OPTS)
+    heavier = findings._heavier(ctx)
+    assert [who for who, _ in heavier] == ["n4 (pid 100)"] and heavier[0][1].ratio == pytest.approx(1.5)
+    wide = findings.device_wide_warning(grown, "SELECT 1", heavier=heavier, mix_sql="SELECT 2")
+    assert "n4 (pid 100) launches ×1.50 the work" in wide.summary and "not a slower GPU" in wide.summary
+    assert wide.recommendation.startswith("first see whether n4 (pid 100) does more work")
+    assert "do not drain" in wide.recommendation and wide.numbers["heavier_rank"] == "n4 (pid 100)"
+    assert wide.node is None and wide.sql["call_mix"] == "SELECT 2"
+    both = mix(30 * 50, 50)
+    both[("n3", 100)] = dict(launches=30 * 50, collectives=50)
+    two = SimpleNamespace(ranks=ranks, mix=both, mopts=OPTS)
+    assert findings._heavier(two) == []
+    plain = findings.device_wide_warning(grown, "SELECT 1", heavier=findings._heavier(two))
+    assert "launches" not in plain.summary and plain.recommendation.startswith("compare the GPUs directly")
+
+
+def test_nobody_named_behind_enqueued_collectives_still_points_at_the_rank_with_more_work():
+    """A job whose ranks all wait in synchronize (collectives that only enqueue) from its first step, no
+    baseline to show it grew: nobody is named, and a warning (no node) says n4 launches 1.5x the work per
+    collective — the rank to look at, its work and not its GPU. The same ranks waiting in their collectives
+    (blocking: a rank with more work would have been named if it held the others back) get no such warning."""
+    from types import SimpleNamespace
+    from straggler.analysis.explain import findings
+    from straggler.analysis.explain.report import Report
+
+    def ctx_of(**waits):
+        ranks = [rank(n, thread(1, **waits)) for n in ("n1", "n2", "n3", "n4")]
+        return SimpleNamespace(ranks=ranks, mix=mix(30 * 50, 50), mopts=OPTS, baseline={}, threads_sql="SELECT 1",
+                               mix_sql="SELECT 2", verdict=model.Verdict(wait_def="enqueue"))
+
+    report = Report()
+    findings.no_straggler_findings(report, ctx_of(sync_ns=0.8, coll_ns=0.01))
+    (warning,) = [f for f in report.findings if f.severity == "warning"]
+    assert warning.cause == "more-work" and warning.node is None and report.straggler is None
+    assert warning.summary.startswith("nobody can be named") and "n4 (pid 100) launches ×1.50 the work" in warning.summary
+    assert "do not drain" in warning.recommendation and warning.sql == {"call_mix": "SELECT 2"}
+    report = Report()
+    findings.no_straggler_findings(report, ctx_of(sync_ns=0.1, coll_ns=0.6))
+    assert not [f for f in report.findings if f.severity == "warning"], report.findings

@@ -209,24 +209,16 @@ def test_every_rank_waiting_alike_behind_a_fabric_slow_everywhere_points_at_the_
     same (a fabric warning). The device-wide warning then says the links are why and points there first;
     a link's warning that is no fabric's (the job did not slow down) changes nothing."""
     from straggler.analysis.explain import findings
-    from straggler.analysis.explain.report import Finding, Report
 
-    def report_with(link_warning):
-        wide = Finding(severity="warning", node=None, cause="device-wide",
-                       summary="every rank's time in synchronize grew alike",
-                       recommendation="compare the GPUs directly")
-        return Report(findings=[wide, link_warning]), wide
-
+    grown = [("gpu-node-01", 0.40, 0.62), ("gpu-node-02", 0.41, 0.63)]
     ev = network.LinkEvidence(node="gpu-node-01", link="eth0", kind="net-congestion", detail="round trips of 9 ms")
-    report, wide = report_with(findings.link_warning(ev, {}, "while the job did not slow down"))
-    findings.device_wide_beside_the_fabric(report)
-    assert wide.recommendation == "compare the GPUs directly" and "links" not in wide.summary
-    report, wide = report_with(findings.link_warning(ev, {}, "as on 3 other node(s) alike", fabric=True))
-    findings.device_wide_beside_the_fabric(report)
-    summary = wide.summary
-    findings.device_wide_beside_the_fabric(report)        # the amended warning is no link's: said once
-    assert wide.summary == summary
-    assert "the links say why" in wide.summary and "not of one GPU" in wide.summary
+    alone = findings.device_wide_warning(grown, "SELECT 1")
+    assert alone.recommendation.startswith("compare the GPUs directly") and "links" not in alone.summary
+    quiet = findings.device_wide_warning(grown, "SELECT 1", [findings.link_warning(ev, {}, "while the job did not slow down")])
+    assert (quiet.summary, quiet.recommendation, quiet.numbers) == (alone.summary, alone.recommendation, alone.numbers)
+    wide = findings.device_wide_warning(grown, "SELECT 1",
+                                        [findings.link_warning(ev, {}, "as on 3 other node(s) alike", fabric=True)])
+    assert wide.summary.count("the links say why") == 1 and "not of one GPU" in wide.summary
     assert wide.recommendation.startswith("look at the path, not the GPU")
-    assert wide.recommendation.endswith("only then the GPUs: compare the GPUs directly")
+    assert wide.recommendation.endswith("only then the GPUs: " + alone.recommendation)
     assert wide.numbers["fabric"] == "net-congestion"

@@ -83,9 +83,11 @@ class Context:
     baseline: dict = field(default_factory=dict)   # (node, pid) -> RankTime over its baseline
     ranks: list = field(default_factory=list)      # [RankTime] recent, in (node, rank, pid) order
     mix: dict = field(default_factory=dict)        # (node, pid) -> {"launches", "collectives"} over the recent part,
-                                                   # and its kernels' size: {"sized", "threads", "threads_sq"}
+                                                   # its kernels' size: {"sized", "threads", "threads_sq"}, and
+                                                   # its recorded collectives: {"coll_calls", "coll_bytes"}
     mix_sql: str = None
     sizes_sql: str = None          # the ranks' kernel sizes (sql.launch_sizes)
+    bytes_sql: str = None          # the bytes of the ranks' collectives (sql.collective_bytes)
 
 
 def explain_connection(conn, source, missing=None, answered=None, **opts):
@@ -230,11 +232,10 @@ def _episodes_judged(runner, opts, report, span_rows, cut, series, judged, devic
         if series is not None and series.n_bins >= SEGMENTED_BINS and analysis.verdict.stragglers:
             _segmented_rejects(analysis.verdict)
         if not analysis.verdict.stragglers or series is None:
-            emit(report, analysis)
+            warnings = device["warnings"] if device else []
+            emit(report, analysis, beside=warnings)
             report.nodes = rank_rows(analysis)
-            if device:
-                report.findings.extend(device["warnings"])
-                findings.device_wide_beside_the_fabric(report)
+            report.findings.extend(warnings)
             return analysis
         j = timeline.judge_window(series, analysis)
         j.series, j.cut = series, cut
@@ -338,11 +339,10 @@ def _assemble(report, judged, warnings):
             emit(sub, j.analysis)
             findings.communicator_finding(sub, j.analysis, j.cut)      # where its peers waited for it
             j.findings = _order(sub.findings)
-            for ev, texts in j.attach:
-                if isinstance(ev, network.LinkEvidence):
-                    findings.add_link_evidence(j.findings, ev, texts)
-                else:
-                    findings.add_device_evidence(j.findings, ev, texts)
+            for ev, texts in j.gpu_evidence:
+                findings.add_device_evidence(j.findings, ev, texts)
+            for ev, texts in j.link_evidence:
+                findings.add_link_evidence(j.findings, ev, texts)
         report.episodes.append(timeline.episode_dict(j.series, j))
     report.findings.extend(warnings)
     top = judged[0]
@@ -451,7 +451,7 @@ def _episodes_long(runner, opts, report, plan, span_rows):
 
 def _device_evidence(runner, opts, series, found, judged, span_rows, slow):
     """What the GPUs said (devices.py), where the store has their samples: the judged episodes' GPUs'
-    evidence (into each one's `attach`); an episode for a GPU that alone says why when the whole job slowed with nobody
+    evidence (into each one's `gpu_evidence`); an episode for a GPU that alone says why when the whole job slowed with nobody
     waiting less (collectives that only enqueue) — appended to `judged`; and warnings for a GPU's
     evidence without a slowdown. `slow`: where the whole job ran slower (timeline.job_slow_runs). None
     without device samples."""
@@ -471,7 +471,7 @@ def _device_evidence(runner, opts, series, found, judged, span_rows, slow):
             for gpu in gpu_of.get(s["rank"].key, []):
                 ev = standing.get((s["rank"].key[0], gpu))
                 if ev is not None and ev.key not in named:
-                    j.attach.append((ev, texts))
+                    j.gpu_evidence.append((ev, texts))
                     named.add(ev.key)
     busy = {b for j in judged for b in range(j.episode.start, j.episode.end)}     # named by the waits
     series_texts = {"gpu_samples": devices.device_series_sql(series),
@@ -575,7 +575,7 @@ def _network_evidence(runner, opts, series, found, judged, span_rows, slow):
         standing = {ev.key: ev for ev in network.standing_out(evidence)}
         for node in sorted({s["rank"].key[0] for s in j.analysis.verdict.stragglers}):
             if node in standing and node not in named:
-                j.attach.append((standing[node], texts))
+                j.link_evidence.append((standing[node], texts))
                 named.add(node)
     busy = {b for j in judged for b in range(j.episode.start, j.episode.end)}     # named already
     # a link slow all along: the trace has no clean time to measure the job's slowdown against, so the
@@ -729,6 +729,7 @@ def analyse(runner, opts, windows, span_rows, wait_def=None, expected_share=1.0,
     ranks = sorted(recent.values(), key=lambda r: (r.key[0], r.rank if r.rank is not None else -1, r.key[1]))
     mix_sql = sql.call_mix(windows) if windows else None
     sizes_sql = sql.launch_sizes(windows) if windows else None
+    bytes_sql = sql.collective_bytes(windows) if windows else None
     mix = {}
     for r in (runner.rows(mix_sql) if mix_sql else []):
         if r["part"] == "recent":
@@ -736,11 +737,14 @@ def analyse(runner, opts, windows, span_rows, wait_def=None, expected_share=1.0,
     for r in (runner.rows(sizes_sql) if sizes_sql and mix else []):
         if (r["node"], int(r["pid"])) in mix:
             mix[(r["node"], int(r["pid"]))].update(sized=int(r["sized"]), threads=r["threads"], threads_sq=r["threads_sq"])
+    for r in (runner.rows(bytes_sql) if bytes_sql and mix else []):
+        if (r["node"], int(r["pid"])) in mix and r["calls"]:
+            mix[(r["node"], int(r["pid"]))].update(coll_calls=int(r["calls"]), coll_bytes=r["bytes"])
     verdict = model.find_stragglers(ranks, slices, mopts, mix=mix)
     return Context(runner=runner, opts=opts, mopts=mopts, span_rows=span_rows, windows=windows, win_of=win_of,
                    threads_sql=threads_sql, slices_sql=slices_sql, verdict=verdict, slices=slices,
                    slice_index=slice_index, slice_ns=slice_ns, recent=recent, baseline=baseline, ranks=ranks,
-                   mix=mix, mix_sql=mix_sql, sizes_sql=sizes_sql)
+                   mix=mix, mix_sql=mix_sql, sizes_sql=sizes_sql, bytes_sql=bytes_sql)
 
 
 def _order(found):
@@ -750,9 +754,10 @@ def _order(found):
     return found
 
 
-def emit(report, ctx):
+def emit(report, ctx, beside=()):
     """The findings of one analysis: the straggler(s) with their causes and the waiters, or why no rank
-    is one; report.straggler(s) from its verdict."""
+    is one (beside: the trace's warnings that the no-straggler findings read, not added here);
+    report.straggler(s) from its verdict."""
     verdict = ctx.verdict
     report.stragglers = []
     for s in verdict.stragglers:
@@ -764,7 +769,7 @@ def emit(report, ctx):
             findings.straggler_findings(report, ctx, group, first=(i == 0))
         findings.waiter_finding(report, ctx)
     else:
-        findings.no_straggler_findings(report, ctx)
+        findings.no_straggler_findings(report, ctx, beside)
 
 
 def rank_rows(ctx):

@@ -8,6 +8,7 @@ from . import comms as comms_model, model, sql
 from .causes import (CAUSE_CLASSES, DEVICE_RECOMMENDATION, DEVICE_WORDS, IMBALANCE_RECOMMENDATION,
                      MORE_WORK_RECOMMENDATION, NET_RECOMMENDATION, NET_WORDS, SIMPLE_CAUSES)
 from .report import Finding
+from .timeline import wait_def_of
 
 
 
@@ -200,21 +201,6 @@ def link_warning(ev, link_sql, why, node=None, fabric=False):
                    summary=f"{NET_WORDS[ev.kind].capitalize()} on {ev.node}{link}, {why}: {ev.detail}",
                    numbers=numbers, sql={k: v.strip() for k, v in link_sql.items()},
                    recommendation=NET_RECOMMENDATION[ev.kind], share=0.0)
-
-
-def device_wide_beside_the_fabric(report):
-    """Every rank's synchronize grew alike (device-wide) while the links say the job's slowdown is the
-    fabric's (a `fabric` link warning): the warning says the links, not the GPUs, and points there."""
-    fabric = next((f for f in report.findings if f.severity == "warning" and f.numbers.get("fabric") is True
-                   and f.cause in NET_RECOMMENDATION), None)
-    if fabric is None:
-        return
-    for f in report.findings:
-        if f.cause == "device-wide" and "fabric" not in f.numbers:
-            f.summary += (f"; the links say why ({fabric.cause} on every node alike, or between nodes that cannot "
-                          f"be told apart: see that warning): a condition of the network, not of one GPU")
-            f.numbers["fabric"] = fabric.cause
-            f.recommendation = NET_RECOMMENDATION[fabric.cause] + "; only then the GPUs: " + f.recommendation
 
 
 def add_device_evidence(found, ev, device_sql):
@@ -424,11 +410,16 @@ def _cause_findings(report, ctx, rt, others, base):
             numbers.update(threads_per_kernel=round(work.threads, 1), others_threads_per_kernel=round(work.others_threads, 1),
                            sized_launches=work.sized)
             extra["kernel_sizes"] = ctx.sizes_sql.strip()
+        beside, beside_numbers = _step_work(ctx, rt, others)
+        numbers.update(beside_numbers)
+        if beside_numbers.get("bytes_per_collective") is not None:
+            extra["collective_bytes"] = ctx.bytes_sql.strip()
         add("more-work", share / denom,
             f"more work on {node}: {_work_text(work)} — ×{work.ratio:.2f} the work per step between the same "
             f"collectives ({'a longer batch or sequence' if work.threads and work.kernels_ratio < 1.05 else 'a pipeline stage with more layers, a longer batch'}); "
             f"its GPU and launch time above the others' is what that work takes"
-            + (f", and {_pct(parts['rest'] / denom)} of its excess is beyond it" if parts["rest"] > 0 else ""),
+            + (f", and {_pct(parts['rest'] / denom)} of its excess is beyond it" if parts["rest"] > 0 else "")
+            + (f"; beside its kernels, {beside}" if beside else ""),
             numbers, extra_sql=extra, recommendation=MORE_WORK_RECOMMENDATION)
     # its own block I/O first: the CPU it took to copy what it wrote (into the page cache) is host compute to
     # the step-time model, and the I/O's, not the rank's other work (at least bytes / PAGE_CACHE_BYTES_PER_S)
@@ -451,9 +442,11 @@ def _cause_findings(report, ctx, rt, others, base):
             column = f"{component}_ns"
             text = what.format(node=node, grew=grew(component), others=others_txt(component))
             if cause == "gpu-slow" and more is None:       # same work, slower — or can it not be told?
+                beside = _step_work(ctx, rt, others)[0]
                 text += (f"; it launches as many kernels per collective as the others (×{same_work.kernels_ratio:.2f})"
                          + (f", of the same size as far as {_sized(ctx, rt)} recorded launches tell" if _sized(ctx, rt)
-                            else ", their sizes not recorded") + ": the same work, slower"
+                            else ", their sizes not recorded") + (f" ({beside})" if beside else "")
+                         + ": the same work, slower"
                          if same_work else "; its kernels per step were not counted, so more work per "
                          "step (a longer batch, a heavier stage) cannot be told from a slower GPU here")
             add(cause, ex[component] / denom, text,
@@ -500,6 +493,33 @@ def _work_text(work):
         text += (f", each of ×{work.size_ratio:.2f} the threads ({work.threads:,.0f} vs {work.others_threads:,.0f} per "
                  f"kernel, from {work.sized} of its launches recorded with their grid)")
     return text
+
+
+def _step_work(ctx, rt, others):
+    """What the rank does per collective beside its kernels, against the other ranks' median: its host compute
+    and the bytes its collectives carry (evidence of the kind of work, not a cause: a cause is its share of
+    the excess). (words, numbers); no words where neither is known."""
+    def per_collective(r):
+        m = (ctx.mix or {}).get(r.key) or {}
+        host = r.share("host") * r.wall_ns / m["collectives"] if m.get("collectives") else None
+        nbytes = m["coll_bytes"] / m["coll_calls"] if m.get("coll_calls") and m.get("coll_bytes") is not None else None
+        return host, nbytes
+    mine, theirs = per_collective(rt), [per_collective(o) for o in others]
+    what, its, their, numbers = [], [], [], {}
+    for i, (name, fmt, key) in enumerate((("its host compute", _fmt_ns, "host_ns_per_collective"),
+                                          ("the bytes it reduces or sends", fmt_bytes, "bytes_per_collective"))):
+        values = [v[i] for v in theirs if v[i] is not None]
+        if mine[i] is None or not values:
+            continue
+        med = model.median(values)
+        numbers[key], numbers[f"others_{key}"] = round(mine[i]), round(med)
+        what.append(name)
+        its.append(fmt(round(mine[i])))
+        their.append(fmt(round(med)))
+    if not what:
+        return "", numbers
+    return (f"per collective {' and '.join(what)}: {' and '.join(its)}, against {' and '.join(their)} on the other "
+            f"ranks (median)"), numbers
 
 
 def _sized(ctx, rt):
@@ -681,7 +701,79 @@ def communicator_finding(report, ctx, cut=None):
                         "nothing to fix here: collective time per communicator, for reference")))
 
 
-def no_straggler_findings(report, ctx):
+def _heavier(ctx):
+    """The one rank that launches more work per collective than the others (model.work_ratio at more_work_ratio
+    or more; kernels, and their size where it differs): [(its words, its Work)], or [] (none, or several)."""
+    found = []
+    for r in ctx.ranks:
+        work = model.work_ratio(r.key, [o.key for o in ctx.ranks if o.key != r.key], ctx.mix)
+        if work is not None and work.ratio >= ctx.mopts.more_work_ratio:
+            found.append((_who(r), work))
+    return found if len(found) == 1 else []
+
+
+def _heavier_words(who, work):
+    return (f"{who} launches ×{work.ratio:.2f} the work of the other ranks per collective — {_work_text(work)}: if "
+            f"its GPU is the one the others wait for, that is more work on it, not a slower GPU")
+
+
+def _heavier_recommendation(who):
+    return (f"first see whether {who} does more work per step than the others (its pipeline stage, its batches): even "
+            f"out the stages, pack or bucket sequences, size batches by tokens — do not drain its node for it")
+
+
+def heavier_warning(heavier, mix_sql):
+    """Nobody named, the ranks waiting in synchronize (collectives that only enqueue: the host cannot see whose
+    GPU finishes last), and one rank launching more work per collective than the others (_heavier): it is
+    pointed at, as more work and not a slower GPU, naming no straggler (its extra kernels may be few of the
+    step's time)."""
+    (who, work), = heavier
+    return Finding(severity="warning", node=None, cause="more-work",
+                   summary=("nobody can be named: every rank waits in synchronize (collectives that only enqueue), where "
+                            f"the host cannot see whose GPU finishes last; but {_heavier_words(who, work)}"),
+                   numbers=dict(heavier_rank=who, work_ratio=round(work.ratio, 3),
+                                launches_per_collective=round(work.kernels, 2),
+                                others_launches_per_collective=round(work.others_kernels, 2)),
+                   sql={"call_mix": mix_sql.strip()}, recommendation=_heavier_recommendation(who))
+
+
+def device_wide_warning(grown, threads_sql, beside=(), heavier=(), mix_sql=None):
+    """Every rank's synchronize grew alike (`grown`: [(node, its baseline sync share, its recent one)]): the
+    device side or the network, not one host. With a `fabric` link warning among `beside` (the warnings of
+    the same trace: the links say the job's slowdown is the fabric's), it says the links are why and points
+    there first. With one rank that launches more work per collective than the others (`heavier`: _heavier),
+    it names that rank as the likely one the others wait for — more work, not a slower GPU — naming no
+    straggler: behind collectives that only enqueue the host cannot see whose GPU finishes last, and a rank's
+    kernels may be few of the step's time."""
+    summary = ("every rank's time in synchronize grew alike ("
+               + ", ".join(f"{node} {_pct(before)} → {_pct(now)}" for node, before, now in grown)
+               + "): the wait is on the device side or in the collective's network, and with collectives that only "
+                 "enqueue (NCCL on GPUs) the host cannot tell whose GPU is slow")
+    numbers = {f"{node}.sync_pct": round(100 * now, 1) for node, _, now in grown}
+    recommendation = ("compare the GPUs directly: nvidia-smi -q -d PERFORMANCE,CLOCK on each node, or NCCL's own "
+                      "timing (NCCL_DEBUG=INFO, the PyTorch flight recorder)")
+    sql = {"threads": threads_sql.strip()}
+    for who, work in heavier:
+        summary += f"; {_heavier_words(who, work)}"
+        numbers.update(heavier_rank=who, work_ratio=round(work.ratio, 3))
+        recommendation = _heavier_recommendation(who) + "; only then the GPUs: " + recommendation
+        if mix_sql:
+            sql["call_mix"] = mix_sql.strip()
+    fabric = next((f for f in beside if f.severity == "warning" and f.numbers.get("fabric") is True
+                   and f.cause in NET_RECOMMENDATION), None)
+    if fabric is not None:
+        summary += (f"; the links say why ({fabric.cause} on every node alike, or between nodes that cannot be told "
+                    f"apart: see that warning): a condition of the network, not of one GPU")
+        numbers["fabric"] = fabric.cause
+        recommendation = NET_RECOMMENDATION[fabric.cause] + "; only then the GPUs: " + recommendation
+    return Finding(severity="warning", node=None, cause="device-wide", summary=summary, numbers=numbers,
+                   sql=sql, recommendation=recommendation)
+
+
+def no_straggler_findings(report, ctx, beside=()):
+    """Why no rank is named (the model's rejections), and what the whole job's waits say instead: every
+    rank's synchronize grown alike (device_wide_warning, beside the trace's other warnings), or every rank
+    waiting longer with nodes missing."""
     verdict, ranks, base = ctx.verdict, ctx.ranks, ctx.baseline
     why = "; ".join(f"{_who(rt)} {reason}" for rt, reason in verdict.rejected) or (
         "fewer than two ranks with data" if len(ranks) < 2 else "every rank waits about as much as the others")
@@ -689,17 +781,14 @@ def no_straggler_findings(report, ctx):
     # every rank's synchronize grew alike: the device side or the network, not one host
     grown = [r for r in ranks if r.key in base and base[r.key].share("sync") > 0
              and r.share("sync") >= 1.3 * base[r.key].share("sync") and r.share("sync") - base[r.key].share("sync") >= 0.05]
+    heavier = _heavier(ctx) if len(ranks) >= 2 else []
     if ranks and len(grown) == len(ranks) and len(ranks) >= 2:
-        report.findings.append(Finding(
-            severity="warning", node=None, cause="device-wide",
-            summary=("every rank's time in synchronize grew alike ("
-                     + ", ".join(f"{r.key[0]} {_pct(base[r.key].share('sync'))} → {_pct(r.share('sync'))}" for r in grown)
-                     + "): the wait is on the device side or in the collective's network, and with collectives that only "
-                       "enqueue (NCCL on GPUs) the host cannot tell whose GPU is slow"),
-            numbers={f"{r.key[0]}.sync_pct": round(100 * r.share("sync"), 1) for r in grown},
-            sql={"threads": ctx.threads_sql.strip()},
-            recommendation="compare the GPUs directly: nvidia-smi -q -d PERFORMANCE,CLOCK on each node, or NCCL's own "
-                           "timing (NCCL_DEBUG=INFO, the PyTorch flight recorder)"))
+        report.findings.append(device_wide_warning(
+            [(r.key[0], base[r.key].share("sync"), r.share("sync")) for r in grown], ctx.threads_sql, beside,
+            heavier=heavier, mix_sql=ctx.mix_sql))
+    elif heavier and wait_def_of([(r.wall_ns, r.raw.get("sync_ns", 0), r.raw.get("coll_ns", 0) + r.raw.get("blocked_ns", 0),
+                                   r.raw.get("coll_ns", 0)) for r in ranks]) == "enqueue":
+        report.findings.append(heavier_warning(heavier, ctx.mix_sql))
     missing = report.missing
     if missing and ranks and all(r.key in base and r.wait_share(verdict.wait_def) >= 1.15 * base[r.key].wait_share(verdict.wait_def)
                                  and r.wait_share(verdict.wait_def) > 0 for r in ranks):

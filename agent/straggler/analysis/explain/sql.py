@@ -4,7 +4,7 @@ same text runs on a merged cluster.db (once) or on every node's own store throug
 Values computed from earlier answers (each rank's windows, the straggler's pid) are written into
 the later queries as literals, so each finding's SQL reproduces its numbers as it stands.
 Nothing here decides anything (model.py does), and no decision reads an SQL string."""
-from ...probes.symbols import COLLECTIVE_OPS, LAUNCH_OPS, NOT_FAILURES, SETUP_OK
+from ...probes.symbols import COLLECTIVE_OPS, LAUNCH_OPS, NCCL_DATATYPE_BYTES, NOT_FAILURES, SETUP_OK
 from ...store.steptime import wait_share_sql
 from ...text import sql_literal as lit, sql_quote as q
 
@@ -191,6 +191,22 @@ FROM win w
 JOIN events e ON +e.node = w.node AND +e.pid = w.pid AND e.ts >= w.lo AND e.ts < w.hi
 WHERE w.part = 'recent' AND e.source IN ('cuda', 'driver') AND e.op IN ({launches}) AND e.grid_x > 0
   AND e.block_x > 0 AND {_hull_filter(windows, "e", ("recent",))}
+GROUP BY e.node, e.pid
+ORDER BY e.node, e.pid"""
+
+
+def collective_bytes(windows):
+    """Each rank's recorded collective calls in its recent part (the agent records every one) and the bytes
+    they carried: count x its datatype's size (a datatype of no known size counts none)."""
+    size = ("CASE json_extract(e.detail, '$.datatype') "
+            + " ".join(f"WHEN {lit(name)} THEN {n}" for name, n in NCCL_DATATYPE_BYTES.items()) + " END")
+    return f"""
+WITH {win_cte(windows)}
+SELECT e.node, e.pid, COUNT(*) AS calls, SUM(json_extract(e.detail, '$.count') * {size}) AS bytes
+FROM win w
+JOIN events e ON +e.node = w.node AND +e.pid = w.pid AND e.ts >= w.lo AND e.ts < w.hi
+WHERE w.part = 'recent' AND e.source = 'nccl' AND e.op IN ({', '.join(q(o) for o in COLLECTIVE_OPS)})
+  AND {_hull_filter(windows, "e", ("recent",))}
 GROUP BY e.node, e.pid
 ORDER BY e.node, e.pid"""
 

@@ -483,7 +483,8 @@ class Judged:
     findings: list = field(default_factory=list)
     series: object = None          # the Series it was found in (a long trace's: its stretch's)
     cut: object = None             # the span.Cut of that series
-    attach: list = field(default_factory=list)     # [(its GPU's or its links' evidence, the SQL)]: into its findings
+    gpu_evidence: list = field(default_factory=list)    # [(devices.GpuEvidence, its SQL)]: its ranks' GPUs that say why
+    link_evidence: list = field(default_factory=list)   # [(network.LinkEvidence, its SQL)]: its node's links that do
     all_along: bool = False        # there all along (a GPU's own word over the whole trace): the job has no
                                    # clean time to be measured against, so slowdown and lost_s are not measured
 
