@@ -114,6 +114,8 @@ def shapes():
 # behind collectives that only enqueue every rank waits in synchronize alike: a slower GPU, or more work on one
 # rank's GPU, cannot be told from the calls; without the GPU's own word nobody can be named
 HIDDEN_IN_ENQUEUE = ("gpu-slow", "more-work", "bigger-batch")
+# ... where a warning, naming nobody, points at the one rank that launches more work per collective
+MORE_WORK_SHAPES = ("more-work", "bigger-batch")
 
 
 def device_shapes():
@@ -150,6 +152,8 @@ def run_shapes(bed, out, style, runs, log, names=None):
                     expected = p.expected_cause
                     if style == "enqueue" and p.fault in HIDDEN_IN_ENQUEUE:
                         expected = "device-wide"       # no device evidence here: nobody can be named
+                        if p.fault in MORE_WORK_SHAPES:     # ... and a warning points at the rank doing more work
+                            expected = "pointed at"
                     row = dict(style=style, run=run, fault=name, expected=expected or "no straggler", valid=p.valid,
                                reason=p.reason, slowdown=None if p.slowdown is None else round(p.slowdown, 2),
                                phantoms=phantoms, **lost)
@@ -157,9 +161,13 @@ def run_shapes(bed, out, style, runs, log, names=None):
                         said = any(f.cause == "imbalance" for f in report.findings) or not lost.get("lost_measured")
                         row.update(node_ok=not report.episodes, cause_ok=said, start_ok=True)
                     elif p.valid:
-                        if expected == "device-wide":
+                        if expected in ("device-wide", "pointed at"):
                             none = sc.episode_of(result, p, report) is None
-                            row.update(node_ok=none, cause_ok=none, start_ok=True)
+                            pointed = any(f.severity == "warning" and f.node is None
+                                          and str(f.numbers.get("heavier_rank", "")).startswith(f"{p.node} ")
+                                          for f in report.findings)
+                            row.update(node_ok=none, cause_ok=none and (expected == "device-wide" or pointed),
+                                       start_ok=True)
                         else:
                             row.update(zip(("node_ok", "cause_ok", "start_ok"), sc.score_phase(result, p, report)))
                     rows.append(row)
