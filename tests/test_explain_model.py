@@ -299,25 +299,41 @@ def test_behind_enqueued_collectives_the_one_rank_with_more_work_is_pointed_at_a
     """Every rank waits alike in synchronize (collectives that only enqueue: nobody can be named), and n4
     launches 1.5x the kernels per collective: the device-wide warning says that rank's GPU, doing more work, is
     likely the one the others wait for, and sends the operator to its work before the GPUs — never to drain
-    it. Two ranks doing more work (or none) point at nobody."""
+    it. Ranks doing more work on two nodes, or a rank calling its collectives at another rate (another rhythm
+    or communicator group: its kernels per collective are no measure against the others'), point at nobody."""
     from types import SimpleNamespace
     from straggler.analysis.explain import findings
     grown = [(n, 0.40, 0.62) for n in ("n1", "n2", "n3", "n4")]
     ranks = [healthy("n1"), healthy("n2"), healthy("n3"), healthy("n4")]
-    ctx = SimpleNamespace(ranks=ranks, mix=mix(30 * 50, 50), mopts=OPTS)
+    ctx = SimpleNamespace(ranks=ranks, mix=mix(30 * 50, 50), mopts=OPTS, mix_sql="SELECT 2", sizes_sql="SELECT 3")
     heavier = findings._heavier(ctx)
-    assert [who for who, _ in heavier] == ["n4 (pid 100)"] and heavier[0][1].ratio == pytest.approx(1.5)
-    wide = findings.device_wide_warning(grown, "SELECT 1", heavier=heavier, mix_sql="SELECT 2")
+    assert heavier[0] == "n4 (pid 100)" and heavier[2].ratio == pytest.approx(1.5)
+    wide = findings.device_wide_warning(grown, "SELECT 1", heavier=heavier)
     assert "n4 (pid 100) launches ×1.50 the work" in wide.summary and "not a slower GPU" in wide.summary
     assert wide.recommendation.startswith("first see whether n4 (pid 100) does more work")
     assert "do not drain" in wide.recommendation and wide.numbers["heavier_rank"] == "n4 (pid 100)"
+    assert wide.numbers["launches_per_collective"] == 30 and wide.numbers["work_ratio"] == 1.5
     assert wide.node is None and wide.sql["call_mix"] == "SELECT 2"
     both = mix(30 * 50, 50)
     both[("n3", 100)] = dict(launches=30 * 50, collectives=50)
-    two = SimpleNamespace(ranks=ranks, mix=both, mopts=OPTS)
-    assert findings._heavier(two) == []
-    plain = findings.device_wide_warning(grown, "SELECT 1", heavier=findings._heavier(two))
+    assert findings._heavier(SimpleNamespace(ranks=ranks, mix=both, mopts=OPTS, mix_sql="", sizes_sql="")) is None
+    apart = mix(30 * 25, 25)                # n4: the same kernels per step, but half the collectives
+    assert findings._heavier(SimpleNamespace(ranks=ranks, mix=apart, mopts=OPTS, mix_sql="", sizes_sql="")) is None
+    plain = findings.device_wide_warning(grown, "SELECT 1", heavier=None)
     assert "launches" not in plain.summary and plain.recommendation.startswith("compare the GPUs directly")
+
+
+def test_the_ranks_of_one_node_doing_more_work_are_pointed_at_together():
+    """A pipeline stage over the two ranks of one node: both launch 1.5x the kernels per collective."""
+    from types import SimpleNamespace
+    from straggler.analysis.explain import findings
+    ranks = [rank(n, thread(1, sync_ns=0.2, coll_ns=0.4), rank_no=i) for i, n in enumerate(("n1", "n2", "n3"))]
+    ranks += [steptime.rank_time(("n3", 101), [thread(1, sync_ns=0.2, coll_ns=0.4)], int(S), 3)]
+    m = {(n, 100): dict(launches=20 * 50, collectives=50) for n in ("n1", "n2")}
+    m[("n3", 100)] = m[("n3", 101)] = dict(launches=30 * 50, collectives=50)
+    heavier = findings._heavier(SimpleNamespace(ranks=ranks, mix=m, mopts=OPTS, mix_sql="SELECT 2", sizes_sql=""))
+    assert heavier[0] == "n3 (rank 2, rank 3)" and not heavier[1]
+    assert "n3 (rank 2, rank 3) launch up to ×1.50 the work" in findings.heavier_warning(heavier).summary
 
 
 def test_nobody_named_behind_enqueued_collectives_still_points_at_the_rank_with_more_work():
@@ -329,17 +345,36 @@ def test_nobody_named_behind_enqueued_collectives_still_points_at_the_rank_with_
     from straggler.analysis.explain import findings
     from straggler.analysis.explain.report import Report
 
-    def ctx_of(**waits):
+    def ctx_of(wait_def, **waits):
         ranks = [rank(n, thread(1, **waits)) for n in ("n1", "n2", "n3", "n4")]
         return SimpleNamespace(ranks=ranks, mix=mix(30 * 50, 50), mopts=OPTS, baseline={}, threads_sql="SELECT 1",
-                               mix_sql="SELECT 2", verdict=model.Verdict(wait_def="enqueue"))
+                               mix_sql="SELECT 2", sizes_sql="SELECT 3", verdict=model.Verdict(),
+                               job_wait_def=wait_def)
 
     report = Report()
-    findings.no_straggler_findings(report, ctx_of(sync_ns=0.8, coll_ns=0.01))
+    findings.no_straggler_findings(report, ctx_of("enqueue", sync_ns=0.8, coll_ns=0.01))
     (warning,) = [f for f in report.findings if f.severity == "warning"]
     assert warning.cause == "more-work" and warning.node is None and report.straggler is None
     assert warning.summary.startswith("nobody can be named") and "n4 (pid 100) launches ×1.50 the work" in warning.summary
     assert "do not drain" in warning.recommendation and warning.sql == {"call_mix": "SELECT 2"}
     report = Report()
-    findings.no_straggler_findings(report, ctx_of(sync_ns=0.1, coll_ns=0.6))
+    findings.no_straggler_findings(report, ctx_of("blocking", sync_ns=0.1, coll_ns=0.6))
     assert not [f for f in report.findings if f.severity == "warning"], report.findings
+
+
+def test_a_slower_gpu_says_the_same_work_only_where_its_kernels_were_counted_and_sized():
+    """gpu-slow's word on the work: 'the same work' only when its kernels were counted and their sizes
+    compared; kernels counted but not sized leave bigger kernels open; less work is said as such; kernels not
+    counted at all leave more work open."""
+    from types import SimpleNamespace
+    from straggler.analysis.explain import findings
+    ranks = [healthy("n1"), healthy("n2"), healthy("n3"), healthy("n4")]
+    ctx = SimpleNamespace(ranks=ranks, mix=mix(20 * 50, 50), mopts=OPTS)
+    others = ranks[:3]
+    assert "cannot be told from a slower GPU" in findings._same_work_text(ctx, ranks[3], others, None)
+    unsized = findings._same_work_text(ctx, ranks[3], others, model.Work(20, 20))
+    assert "sizes not compared" in unsized and unsized.endswith("slower — unless its kernels are bigger")
+    same = findings._same_work_text(ctx, ranks[3], others, model.Work(20, 20, sized=300))
+    assert "of the same size as far as 300" in same and same.endswith("the same work (×1.00), slower")
+    less = findings._same_work_text(ctx, ranks[3], others, model.Work(20, 20, threads=128, others_threads=256, sized=300))
+    assert less.endswith("less work (×0.50), and still slower")

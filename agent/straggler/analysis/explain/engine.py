@@ -88,6 +88,8 @@ class Context:
     mix_sql: str = None
     sizes_sql: str = None          # the ranks' kernel sizes (sql.launch_sizes)
     bytes_sql: str = None          # the bytes of the ranks' collectives (sql.collective_bytes)
+    job_wait_def: str = None       # where the job's ranks wait for each other over its trace (timeline.job_wait_def),
+                                   # where known: 'enqueue' or 'blocking'
 
 
 def explain_connection(conn, source, missing=None, answered=None, **opts):
@@ -229,6 +231,7 @@ def _episodes_judged(runner, opts, report, span_rows, cut, series, judged, devic
         # one the segmentation has looked at every stretch of it, and a rank that merely waits a little
         # less over the whole cut (a job's root rank, a fault's first second) is no straggler
         analysis = analyse(runner, opts, cut_windows(span_rows, opts, DEFAULT_BASELINE_FRACTION, cut), span_rows)
+        analysis.job_wait_def = timeline.job_wait_def(series) if series is not None else None
         if series is not None and series.n_bins >= SEGMENTED_BINS and analysis.verdict.stragglers:
             _segmented_rejects(analysis.verdict)
         if not analysis.verdict.stragglers or series is None:
@@ -438,8 +441,9 @@ def _episodes_long(runner, opts, report, plan, span_rows):
         keys = set(tail.keys)
         rows = [r for r in span_rows if (r["node"], int(r["pid"])) in keys]
         analysis = analyse(runner, opts, cut_windows(rows, opts, DEFAULT_BASELINE_FRACTION, cut), rows)
+        analysis.job_wait_def = plan.wait_def
         _segmented_rejects(analysis.verdict)
-        emit(report, analysis)
+        emit(report, analysis, beside=warnings)
         report.nodes = rank_rows(analysis)
         report.findings.extend(warnings)
         report.timeline = timeline.long_timeline_dict(plan, read)     # where it looked, and found nobody

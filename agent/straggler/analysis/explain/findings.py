@@ -8,7 +8,6 @@ from . import comms as comms_model, model, sql
 from .causes import (CAUSE_CLASSES, DEVICE_RECOMMENDATION, DEVICE_WORDS, IMBALANCE_RECOMMENDATION,
                      MORE_WORK_RECOMMENDATION, NET_RECOMMENDATION, NET_WORDS, SIMPLE_CAUSES)
 from .report import Finding
-from .timeline import wait_def_of
 
 
 
@@ -402,20 +401,13 @@ def _cause_findings(report, ctx, rt, others, base):
     more = _more_work(ctx, rt, others, ex, same_work)
     if more is not None:
         share, work, parts = more
-        numbers = {"launches_per_collective": round(work.kernels, 2),
-                   "others_launches_per_collective": round(work.others_kernels, 2), "work_ratio": round(work.ratio, 3),
-                   "excess_ns": excess_ns}
-        extra = {"call_mix": ctx.mix_sql.strip()}
-        if work.threads:
-            numbers.update(threads_per_kernel=round(work.threads, 1), others_threads_per_kernel=round(work.others_threads, 1),
-                           sized_launches=work.sized)
-            extra["kernel_sizes"] = ctx.sizes_sql.strip()
+        numbers, extra = dict(_work_numbers(work), excess_ns=excess_ns), _work_sql(ctx, work)
         beside, beside_numbers = _step_work(ctx, rt, others)
         numbers.update(beside_numbers)
         if beside_numbers.get("bytes_per_collective") is not None:
             extra["collective_bytes"] = ctx.bytes_sql.strip()
         add("more-work", share / denom,
-            f"more work on {node}: {_work_text(work)} — ×{work.ratio:.2f} the work per step between the same "
+            f"more work on {node}: it launches {_work_text(work)} — ×{work.ratio:.2f} the work per step between the same "
             f"collectives ({'a longer batch or sequence' if work.threads and work.kernels_ratio < 1.05 else 'a pipeline stage with more layers, a longer batch'}); "
             f"its GPU and launch time above the others' is what that work takes"
             + (f", and {_pct(parts['rest'] / denom)} of its excess is beyond it" if parts["rest"] > 0 else "")
@@ -442,13 +434,7 @@ def _cause_findings(report, ctx, rt, others, base):
             column = f"{component}_ns"
             text = what.format(node=node, grew=grew(component), others=others_txt(component))
             if cause == "gpu-slow" and more is None:       # same work, slower — or can it not be told?
-                beside = _step_work(ctx, rt, others)[0]
-                text += (f"; it launches as many kernels per collective as the others (×{same_work.kernels_ratio:.2f})"
-                         + (f", of the same size as far as {_sized(ctx, rt)} recorded launches tell" if _sized(ctx, rt)
-                            else ", their sizes not recorded") + (f" ({beside})" if beside else "")
-                         + ": the same work, slower"
-                         if same_work else "; its kernels per step were not counted, so more work per "
-                         "step (a longer batch, a heavier stage) cannot be told from a slower GPU here")
+                text += _same_work_text(ctx, rt, others, same_work)
             add(cause, ex[component] / denom, text,
                 dict({f"{component}_pct": round(100 * rt.share(component), 1), "excess_ns": excess_ns},
                      **({column: rt.raw[column]} if column in rt.raw else {})),
@@ -486,13 +472,56 @@ def _cause_findings(report, ctx, rt, others, base):
 
 
 def _work_text(work):
-    """What a rank does more of per step, in words (model.Work)."""
-    text = (f"it launches {work.kernels:.1f} kernels per collective vs {work.others_kernels:.1f} median on the other "
-            f"ranks")
+    """What a rank launches per collective against the others, in words (model.Work): its kernels, and their
+    size where it was compared."""
+    text = f"{work.kernels:.1f} kernels per collective vs {work.others_kernels:.1f} median on the other ranks"
     if work.threads:
         text += (f", each of ×{work.size_ratio:.2f} the threads ({work.threads:,.0f} vs {work.others_threads:,.0f} per "
                  f"kernel, from {work.sized} of its launches recorded with their grid)")
+    elif work.sized:
+        text += f", of the same size as far as {work.sized} of its launches recorded with their grid tell"
+    else:
+        text += ", their sizes not compared (too few launches recorded with their grid)"
     return text
+
+
+def _work_numbers(work):
+    """The numbers behind _work_text."""
+    numbers = {"launches_per_collective": round(work.kernels, 2),
+               "others_launches_per_collective": round(work.others_kernels, 2), "work_ratio": round(work.ratio, 3)}
+    if work.threads:
+        numbers.update(threads_per_kernel=round(work.threads, 1), others_threads_per_kernel=round(work.others_threads, 1))
+    if work.sized:
+        numbers["sized_launches"] = work.sized
+    return numbers
+
+
+def _work_sql(ctx, work):
+    """The SQL behind _work_numbers."""
+    out = {"call_mix": ctx.mix_sql.strip()}
+    if work.sized and ctx.sizes_sql:
+        out["kernel_sizes"] = ctx.sizes_sql.strip()
+    return out
+
+
+def _same_work_text(ctx, rt, others, work):
+    """gpu-slow's word on its work (`work`: model.work_ratio, None where its kernels were not counted): what it
+    launches per collective against the others, what it does beside, and whether that is the same work."""
+    if work is None:
+        return ("; its kernels per step were not counted, so more work per step (a longer batch, a heavier stage) "
+                "cannot be told from a slower GPU here")
+    beside = _step_work(ctx, rt, others)[0]
+    text = f"; it launches {_work_text(work)}" + (f" ({beside})" if beside else "")
+    if work.ratio >= ctx.mopts.more_work_ratio:
+        return text + f": ×{work.ratio:.2f} the work, yet slower than that work takes"
+    if work.ratio <= 1 / ctx.mopts.more_work_ratio:
+        return text + f": less work (×{work.ratio:.2f}), and still slower"
+    if not work.sized:
+        return text + f": as many kernels (×{work.ratio:.2f}), slower — unless its kernels are bigger"
+    return text + f": the same work (×{work.ratio:.2f}), slower"
+
+
+STEP_BYTES_MIN_CALLS = 20     # a rank's bytes per collective from at least this many recorded calls of a known size
 
 
 def _step_work(ctx, rt, others):
@@ -502,12 +531,13 @@ def _step_work(ctx, rt, others):
     def per_collective(r):
         m = (ctx.mix or {}).get(r.key) or {}
         host = r.share("host") * r.wall_ns / m["collectives"] if m.get("collectives") else None
-        nbytes = m["coll_bytes"] / m["coll_calls"] if m.get("coll_calls") and m.get("coll_bytes") is not None else None
+        nbytes = (m["coll_bytes"] / m["coll_calls"] if (m.get("coll_calls") or 0) >= STEP_BYTES_MIN_CALLS
+                  and m.get("coll_bytes") is not None else None)
         return host, nbytes
     mine, theirs = per_collective(rt), [per_collective(o) for o in others]
     what, its, their, numbers = [], [], [], {}
     for i, (name, fmt, key) in enumerate((("its host compute", _fmt_ns, "host_ns_per_collective"),
-                                          ("the bytes it reduces or sends", fmt_bytes, "bytes_per_collective"))):
+                                          ("the bytes of its collective calls", fmt_bytes, "bytes_per_collective"))):
         values = [v[i] for v in theirs if v[i] is not None]
         if mine[i] is None or not values:
             continue
@@ -522,22 +552,18 @@ def _step_work(ctx, rt, others):
             f"ranks (median)"), numbers
 
 
-def _sized(ctx, rt):
-    """How many of the rank's launches were recorded with their dimensions (0: none)."""
-    return int((ctx.mix or {}).get(rt.key, {}).get("sized") or 0)
-
-
 def _more_work(ctx, rt, others, ex, found):
     """The straggler's more work per step (`found`: model.work_ratio, a Work): the part of its sync and work excess
     (`ex`, taken out of it in place) that its extra work accounts for — the others' median share of each times
-    the extra work — as (that share of wall time, the Work, {"rest": what is left beyond it}); None when it
-    launches no more work than the others (more_work_ratio)."""
+    the extra work (its kernels for the launch time) — as (that share of wall time, the Work, {"rest": what is left
+    beyond it}); None when it launches no more work than the others (more_work_ratio)."""
     if found is None or found.ratio < ctx.mopts.more_work_ratio:
         return None
-    ratio = found.ratio
     taken = 0.0
     for component in ("sync", "work"):
-        if ex.get(component, 0) <= 0:
+        # the GPU's time grows with the work (kernels x their size), the launches' time with the kernels alone
+        ratio = found.ratio if component == "sync" else found.kernels_ratio
+        if ex.get(component, 0) <= 0 or ratio <= 1.0:
             continue
         theirs = model.median([o.share(component) for o in others])
         per_kernel = (rt.share(component) / ratio) / theirs if theirs > 0 else float("inf")
@@ -702,49 +728,55 @@ def communicator_finding(report, ctx, cut=None):
 
 
 def _heavier(ctx):
-    """The one rank that launches more work per collective than the others (model.work_ratio at more_work_ratio
-    or more; kernels, and their size where it differs): [(its words, its Work)], or [] (none, or several)."""
-    found = []
-    for r in ctx.ranks:
-        work = model.work_ratio(r.key, [o.key for o in ctx.ranks if o.key != r.key], ctx.mix)
-        if work is not None and work.ratio >= ctx.mopts.more_work_ratio:
-            found.append((_who(r), work))
-    return found if len(found) == 1 else []
+    """model.heavier_ranks in words: (who, whether one rank, the heaviest one's Work, numbers, SQL), or None."""
+    found = model.heavier_ranks(ctx.ranks, ctx.mix, ctx.mopts)
+    if found is None:
+        return None
+    node, heavier = found
+    by_key = {r.key: r for r in ctx.ranks}
+    key, work = max(heavier, key=lambda kw: kw[1].ratio)
+    if len(heavier) == 1:
+        who = _who(by_key[key])
+    else:
+        who = f"{node} (" + ", ".join(f"rank {by_key[k].rank}" if by_key[k].rank is not None else f"pid {k[1]}"
+                                      for k, _ in sorted(heavier)) + ")"
+    return who, len(heavier) == 1, work, dict(_work_numbers(work), heavier_rank=who), _work_sql(ctx, work)
 
 
-def _heavier_words(who, work):
-    return (f"{who} launches ×{work.ratio:.2f} the work of the other ranks per collective — {_work_text(work)}: if "
-            f"its GPU is the one the others wait for, that is more work on it, not a slower GPU")
+def _heavier_words(heavier):
+    who, one, work, _, _ = heavier
+    return (f"{who} {'launches' if one else 'launch up to'} ×{work.ratio:.2f} the work of the other ranks per "
+            f"collective ({_work_text(work)}): if {'its GPU is' if one else 'their GPUs are'} what the others wait "
+            f"for, that is more work, not a slower GPU")
 
 
-def _heavier_recommendation(who):
-    return (f"first see whether {who} does more work per step than the others (its pipeline stage, its batches): even "
-            f"out the stages, pack or bucket sequences, size batches by tokens — do not drain its node for it")
+def _heavier_recommendation(heavier):
+    who, one = heavier[:2]
+    return (f"first see whether {who} {'does' if one else 'do'} more work per step than the others (a pipeline stage, "
+            f"batches): even out the stages, pack or bucket sequences, size batches by tokens — do not drain "
+            f"{'its' if one else 'the'} node for it")
 
 
-def heavier_warning(heavier, mix_sql):
+def heavier_warning(heavier):
     """Nobody named, the ranks waiting in synchronize (collectives that only enqueue: the host cannot see whose
-    GPU finishes last), and one rank launching more work per collective than the others (_heavier): it is
-    pointed at, as more work and not a slower GPU, naming no straggler (its extra kernels may be few of the
-    step's time)."""
-    (who, work), = heavier
+    GPU finishes last), and one rank, or ranks of one node, launching more work per collective than the others
+    (_heavier): pointed at, as more work and not a slower GPU, naming no straggler (their extra kernels may be
+    few of the step's time)."""
+    _, _, _, numbers, work_sql = heavier
     return Finding(severity="warning", node=None, cause="more-work",
                    summary=("nobody can be named: every rank waits in synchronize (collectives that only enqueue), where "
-                            f"the host cannot see whose GPU finishes last; but {_heavier_words(who, work)}"),
-                   numbers=dict(heavier_rank=who, work_ratio=round(work.ratio, 3),
-                                launches_per_collective=round(work.kernels, 2),
-                                others_launches_per_collective=round(work.others_kernels, 2)),
-                   sql={"call_mix": mix_sql.strip()}, recommendation=_heavier_recommendation(who))
+                            f"the host cannot see whose GPU finishes last; but {_heavier_words(heavier)}"),
+                   numbers=dict(numbers), sql=dict(work_sql), recommendation=_heavier_recommendation(heavier))
 
 
-def device_wide_warning(grown, threads_sql, beside=(), heavier=(), mix_sql=None):
+def device_wide_warning(grown, threads_sql, beside=(), heavier=None):
     """Every rank's synchronize grew alike (`grown`: [(node, its baseline sync share, its recent one)]): the
     device side or the network, not one host. With a `fabric` link warning among `beside` (the warnings of
     the same trace: the links say the job's slowdown is the fabric's), it says the links are why and points
-    there first. With one rank that launches more work per collective than the others (`heavier`: _heavier),
-    it names that rank as the likely one the others wait for — more work, not a slower GPU — naming no
-    straggler: behind collectives that only enqueue the host cannot see whose GPU finishes last, and a rank's
-    kernels may be few of the step's time."""
+    there first. With ranks of one node that launch more work per collective than the others (`heavier`:
+    _heavier), it names them as the likely ones the others wait for — more work, not a slower GPU — naming no
+    straggler: behind collectives that only enqueue the host cannot see whose GPU finishes last, and their
+    extra kernels may be few of the step's time."""
     summary = ("every rank's time in synchronize grew alike ("
                + ", ".join(f"{node} {_pct(before)} → {_pct(now)}" for node, before, now in grown)
                + "): the wait is on the device side or in the collective's network, and with collectives that only "
@@ -753,12 +785,11 @@ def device_wide_warning(grown, threads_sql, beside=(), heavier=(), mix_sql=None)
     recommendation = ("compare the GPUs directly: nvidia-smi -q -d PERFORMANCE,CLOCK on each node, or NCCL's own "
                       "timing (NCCL_DEBUG=INFO, the PyTorch flight recorder)")
     sql = {"threads": threads_sql.strip()}
-    for who, work in heavier:
-        summary += f"; {_heavier_words(who, work)}"
-        numbers.update(heavier_rank=who, work_ratio=round(work.ratio, 3))
-        recommendation = _heavier_recommendation(who) + "; only then the GPUs: " + recommendation
-        if mix_sql:
-            sql["call_mix"] = mix_sql.strip()
+    if heavier is not None:
+        summary += f"; {_heavier_words(heavier)}"
+        numbers.update(heavier[3])
+        sql.update(heavier[4])
+        recommendation = _heavier_recommendation(heavier) + "; only then the GPUs: " + recommendation
     fabric = next((f for f in beside if f.severity == "warning" and f.numbers.get("fabric") is True
                    and f.cause in NET_RECOMMENDATION), None)
     if fabric is not None:
@@ -781,14 +812,12 @@ def no_straggler_findings(report, ctx, beside=()):
     # every rank's synchronize grew alike: the device side or the network, not one host
     grown = [r for r in ranks if r.key in base and base[r.key].share("sync") > 0
              and r.share("sync") >= 1.3 * base[r.key].share("sync") and r.share("sync") - base[r.key].share("sync") >= 0.05]
-    heavier = _heavier(ctx) if len(ranks) >= 2 else []
+    heavier = _heavier(ctx) if len(ranks) >= 2 else None
     if ranks and len(grown) == len(ranks) and len(ranks) >= 2:
         report.findings.append(device_wide_warning(
-            [(r.key[0], base[r.key].share("sync"), r.share("sync")) for r in grown], ctx.threads_sql, beside,
-            heavier=heavier, mix_sql=ctx.mix_sql))
-    elif heavier and wait_def_of([(r.wall_ns, r.raw.get("sync_ns", 0), r.raw.get("coll_ns", 0) + r.raw.get("blocked_ns", 0),
-                                   r.raw.get("coll_ns", 0)) for r in ranks]) == "enqueue":
-        report.findings.append(heavier_warning(heavier, ctx.mix_sql))
+            [(r.key[0], base[r.key].share("sync"), r.share("sync")) for r in grown], ctx.threads_sql, beside, heavier))
+    elif heavier is not None and (ctx.job_wait_def or ctx.verdict.wait_def) == "enqueue":
+        report.findings.append(heavier_warning(heavier))
     missing = report.missing
     if missing and ranks and all(r.key in base and r.wait_share(verdict.wait_def) >= 1.15 * base[r.key].wait_share(verdict.wait_def)
                                  and r.wait_share(verdict.wait_def) > 0 for r in ranks):

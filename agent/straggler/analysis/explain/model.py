@@ -141,12 +141,12 @@ SIZE_MIN_Z = 3.0          # ... and their mean differs from the others' by this 
 class Work:
     """How much more work a rank launches per step than the others (work_ratio): its kernels per collective
     and the others' median, and the size of its kernels against the others' (threads per kernel, from the
-    recorded launches; None where they cannot be compared or do not differ beyond their sampling)."""
+    recorded launches; set where they differ beyond their sampling)."""
     kernels: float                 # its kernels per collective
     others_kernels: float          # the other ranks' median
-    threads: float = None          # its mean threads per kernel, when its size counts
+    threads: float = None          # its mean threads per kernel, where its kernels' size differs from the others'
     others_threads: float = None
-    sized: int = 0                 # its recorded launches that carry their dimensions
+    sized: int = 0                 # its recorded launches that carry their dimensions (0: its sizes not compared)
 
     @property
     def kernels_ratio(self):
@@ -173,17 +173,16 @@ def _size(m):
 
 
 def kernel_sizes(key, other_keys, mix):
-    """(its mean threads per kernel, the others' median rank's, its sized launches) where the ranks' kernels differ
-    in size beyond what their sampling says (SIZE_MIN_Z standard errors), else None."""
+    """(its mean threads per kernel, the other ranks' median, its sized launches, whether the two differ beyond
+    what their sampling says: SIZE_MIN_Z standard errors) where it and at least one other rank have
+    SIZE_MIN_LAUNCHES sized launches, else None (not compared)."""
     mine = _size((mix or {}).get(key))
-    others = sorted((s for s in (_size((mix or {}).get(k)) for k in other_keys) if s is not None), key=lambda s: s[0])
+    others = [s for s in (_size((mix or {}).get(k)) for k in other_keys) if s is not None]
     if mine is None or not others:
         return None
-    ref = others[(len(others) - 1) // 2]
-    se = (mine[1] ** 2 + ref[1] ** 2) ** 0.5
-    if ref[0] <= 0 or abs(mine[0] - ref[0]) <= SIZE_MIN_Z * se:
-        return None
-    return mine[0], ref[0], mine[2]
+    ref, ref_se = median([s[0] for s in others]), median([s[1] for s in others])
+    differ = ref > 0 and abs(mine[0] - ref) > SIZE_MIN_Z * (mine[1] ** 2 + ref_se ** 2) ** 0.5
+    return mine[0], ref, mine[2], differ
 
 
 def work_ratio(key, other_keys, mix):
@@ -200,7 +199,25 @@ def work_ratio(key, other_keys, mix):
     sizes = kernel_sizes(key, other_keys, mix)
     if sizes is None:
         return Work(mine, median(others))
+    if not sizes[3]:
+        return Work(mine, median(others), sized=sizes[2])
     return Work(mine, median(others), threads=sizes[0], others_threads=sizes[1], sized=sizes[2])
+
+
+def heavier_ranks(ranks, mix, opts):
+    """The ranks, all on one node, that launch more work per collective than the others (work_ratio at
+    more_work_ratio or more) while in lockstep with them (out_of_lockstep: their collectives as often — a rank
+    of another rhythm or communicator group has kernels per collective of its own): (node, [(key, Work)]), or
+    None — none, or ranks on several nodes."""
+    coll = collective_rates(ranks, mix)
+    found = []
+    for r in ranks:
+        work = work_ratio(r.key, [o.key for o in ranks if o.key != r.key], mix)
+        if work is not None and work.ratio >= opts.more_work_ratio \
+                and out_of_lockstep(r.key, ranks, coll, opts.max_step_rate_ratio) is None:
+            found.append((r.key, work))
+    nodes = {key[0] for key, _ in found}
+    return (nodes.pop(), found) if len(nodes) == 1 else None
 
 
 def find_stragglers(ranks, slices, opts, max_nodes=2, max_ranks=64, mix=None):
