@@ -166,7 +166,8 @@ def run_shapes(bed, out, style, runs, log, names=None):
                             pointed = any(f.severity == "warning" and f.node is None
                                           and str(f.numbers.get("heavier_rank", "")).startswith(f"{p.node} ")
                                           for f in report.findings)
-                            row.update(node_ok=none, cause_ok=none and (expected == "device-wide" or pointed),
+                            # a slower GPU is pointed at by nobody; more work, by the warning
+                            row.update(node_ok=none, cause_ok=none and pointed == (expected == "pointed at"),
                                        start_ok=True)
                         else:
                             row.update(zip(("node_ok", "cause_ok", "start_ok"), sc.score_phase(result, p, report)))

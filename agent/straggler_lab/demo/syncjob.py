@@ -394,7 +394,8 @@ def run(args):
             expected.append(bytes((ctypes.c_float * (COUNT - 1))(*([float(total * (k + 1))] * (COUNT - 1)))))
         host_iters = int(HOST_MS * iters_per_ms)
         extra_iters = 0
-        launches, blocks = LAUNCHES_PER_STEP, KERNEL_BLOCKS
+        base_blocks = int(os.environ.get("STRAGGLER_STANDIN_KERNEL_BLOCKS") or KERNEL_BLOCKS)   # KERNEL_US's grid
+        launches, blocks = LAUNCHES_PER_STEP, base_blocks
         pause_iters, pause_every_s, next_pause = 0, 2.0, time.monotonic()
         imbalance = 1.0
         launch, kernel = gpu.cuLaunchKernel, gpu.kernel
@@ -406,7 +407,7 @@ def run(args):
                 sync_io.set(control.get("io_mb"))
                 spinners.set(control.get("threads"))
                 launches = max(1, int(round(LAUNCHES_PER_STEP * (control.get("kernels") or 1.0))))
-                blocks = max(1, int(round(KERNEL_BLOCKS * (control.get("grid") or 1.0))))
+                blocks = max(1, int(round(base_blocks * (control.get("grid") or 1.0))))
                 pause_iters = int(control.get("pause_ms") * iters_per_ms)
                 pause_every_s = control.get("pause_every_s") or 2.0
                 imbalance = control.get("imbalance") or 1.0
