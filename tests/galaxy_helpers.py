@@ -3,6 +3,8 @@ written (a venv with ansible-core, `make collection` without root, `ansible-gala
 `pip install -r <installed collection>/requirements.txt`, which finds the straggler core in the wheel the
 collection ships, offline), in a copy of the checkout and a fresh home; and a second build of the
 tarball (scripts/build_collection.py) for the tests that rebuild."""
+from __future__ import annotations
+
 import json
 import os
 import re
@@ -49,10 +51,13 @@ def readme_walkthrough() -> dict:
 
 def newcomer_env(home: Path) -> dict:
     """This machine's environment as a newcomer's shell has it: a home of its own, and nothing of the
-    development set-up (no ANSIBLE_* variable, no virtualenv active, the repository's .venv not on PATH)."""
+    development set-up (no ANSIBLE_* variable, no virtualenv active, the repository's .venv not on PATH) and no
+    XDG_* directory elsewhere (caches and configuration go under that home)."""
     env = {key: value for key, value in os.environ.items()
-           if not key.startswith("ANSIBLE_") and key not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
-    dev_bins = {str(REPO / ".venv" / "bin"), str(Path(sys.prefix) / "bin"), str(Path(sys.executable).parent)}
+           if not key.startswith(("ANSIBLE_", "XDG_")) and key not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    dev_bins = {str(REPO / ".venv" / "bin")}
+    if sys.prefix != sys.base_prefix:         # the tests' own venv (not a system Python's bin, which has python3)
+        dev_bins.add(str(Path(sys.prefix) / "bin"))
     env["PATH"] = os.pathsep.join(part for part in env.get("PATH", "").split(os.pathsep) if part not in dev_bins)
     env["HOME"] = str(home)
     return env
@@ -81,7 +86,9 @@ def install_as_the_readme_says(root: Path) -> dict:
     proc = subprocess.run(["bash", "-e", "-c", script], cwd=src, env=env, capture_output=True, text=True,
                           timeout=900, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, f"the README's install block failed in {src}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
-    venv = Path(re.search(r"^walkthrough-venv=(\S+)$", proc.stdout, re.M).group(1))
+    found = re.search(r"^walkthrough-venv=(\S+)$", proc.stdout, re.M)
+    assert found, f"the README's install block activated no virtualenv:\n{proc.stdout[-3000:]}"
+    venv = Path(found.group(1))
     assert venv.is_relative_to(home), f"the README's venv is not under the home directory: {venv}"
     summary = [line for line in proc.stdout.splitlines() if line.startswith('{"collection"')]
     assert summary, f"make collection printed no summary:\n{proc.stdout[-3000:]}"
