@@ -204,7 +204,8 @@ def readme_command(testbed, work: Path, playbook: str) -> PlaybookRun:
         inventory, found = re.subn(rf"^{name} ansible_host=\S+", f"{name} ansible_host={testbed.all_hosts[name]}",
                                    inventory, flags=re.M)
         assert found == 1, f"the README's inventory has no line for {name}:\n{walkthrough['inventory']}"
-    connection = testbed.inventory.read_text().split("[all:vars]", 1)[1]
+    # the test bed's connection settings, pipelining too (its ansible.cfg's, which this run does not read)
+    connection = testbed.inventory.read_text().split("[all:vars]", 1)[1].rstrip("\n") + "\nansible_pipelining=true\n"
     (place / "inventory.ini").write_text(f"{inventory}\n[all:vars]{connection}")
     site = json.loads(playbook_vars(work))
     del site["straggler_results_dir"]
