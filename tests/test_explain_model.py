@@ -307,7 +307,7 @@ def test_behind_enqueued_collectives_the_one_rank_with_more_work_is_pointed_at_a
     ranks = [healthy("n1"), healthy("n2"), healthy("n3"), healthy("n4")]
     ctx = SimpleNamespace(ranks=ranks, mix=mix(30 * 50, 50), mopts=OPTS, mix_sql="SELECT 2", sizes_sql="SELECT 3")
     heavier = findings._heavier(ctx)
-    assert heavier[0] == "n4 (pid 100)" and heavier[2].ratio == pytest.approx(1.5)
+    assert heavier.who == "n4 (pid 100)" and heavier.work.ratio == pytest.approx(1.5)
     wide = findings.device_wide_warning(grown, "SELECT 1", heavier=heavier)
     assert "n4 (pid 100) launches ×1.50 the work" in wide.summary and "not a slower GPU" in wide.summary
     assert wide.recommendation.startswith("first see whether n4 (pid 100) does more work")
@@ -332,7 +332,7 @@ def test_the_ranks_of_one_node_doing_more_work_are_pointed_at_together():
     m = {(n, 100): dict(launches=20 * 50, collectives=50) for n in ("n1", "n2")}
     m[("n3", 100)] = m[("n3", 101)] = dict(launches=30 * 50, collectives=50)
     heavier = findings._heavier(SimpleNamespace(ranks=ranks, mix=m, mopts=OPTS, mix_sql="SELECT 2", sizes_sql=""))
-    assert heavier[0] == "n3 (rank 2, rank 3)" and not heavier[1]
+    assert heavier.who == "n3 (rank 2, rank 3)" and not heavier.one
     assert "n3 (rank 2, rank 3) launch up to ×1.50 the work" in findings.heavier_warning(heavier).summary
 
 

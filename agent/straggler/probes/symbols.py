@@ -36,11 +36,11 @@ ARG_NCCL_KINDS = ARG_NCCL_COLL_KINDS | ARG_NCCL_SETUP_KINDS
 ARG_HAS_BYTES = {ARG_BYTES2, ARG_BYTES3, ARG_BYTES5} | ARG_NCCL_COLL_KINDS
 ARG_HAS_DIMS = {ARG_CU_LAUNCH, ARG_CUDA_LAUNCH}
 # ncclDataType_t and ncclRedOp_t (nccl.h), for events.detail
-NCCL_DATATYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64",
-                  "bfloat16", "float8e4m3", "float8e5m2")
-NCCL_OPS = ("sum", "prod", "max", "min", "avg")
+# ncclDataType_t in its enum's order, with each type's size in bytes
 NCCL_DATATYPE_BYTES = {"int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8, "float16": 2,
                        "float32": 4, "float64": 8, "bfloat16": 2, "float8e4m3": 1, "float8e5m2": 1}
+NCCL_DATATYPES = tuple(NCCL_DATATYPE_BYTES)
+NCCL_OPS = ("sum", "prod", "max", "min", "avg")
 
 
 def _v2(name, extra_suffix=None):

@@ -2,6 +2,8 @@
 recommendation — the straggler and its causes, the waiters, the communicators, no straggler,
 call errors, missing nodes and lost events. Each takes the analysis' Context (engine.py) and appends
 Findings to the Report; the decisions themselves are model.py's (and comms.py's)."""
+from typing import NamedTuple
+
 from ...probes import symbols
 from ...text import fmt_bytes, fmt_ns as _fmt_ns
 from . import comms as comms_model, model, sql
@@ -727,8 +729,17 @@ def communicator_finding(report, ctx, cut=None):
                         "nothing to fix here: collective time per communicator, for reference")))
 
 
+class Heavier(NamedTuple):
+    """model.heavier_ranks in words (_heavier)."""
+    who: str                   # the rank, or the node and its ranks
+    one: bool                  # one rank (else several of one node)
+    work: model.Work           # the heaviest one's
+    numbers: dict
+    sql: dict
+
+
 def _heavier(ctx):
-    """model.heavier_ranks in words: (who, whether one rank, the heaviest one's Work, numbers, SQL), or None."""
+    """model.heavier_ranks in words, a Heavier, or None."""
     found = model.heavier_ranks(ctx.ranks, ctx.mix, ctx.mopts)
     if found is None:
         return None
@@ -740,18 +751,18 @@ def _heavier(ctx):
     else:
         who = f"{node} (" + ", ".join(f"rank {by_key[k].rank}" if by_key[k].rank is not None else f"pid {k[1]}"
                                       for k, _ in sorted(heavier)) + ")"
-    return who, len(heavier) == 1, work, dict(_work_numbers(work), heavier_rank=who), _work_sql(ctx, work)
+    return Heavier(who, len(heavier) == 1, work, dict(_work_numbers(work), heavier_rank=who), _work_sql(ctx, work))
 
 
 def _heavier_words(heavier):
-    who, one, work, _, _ = heavier
+    who, one, work = heavier.who, heavier.one, heavier.work
     return (f"{who} {'launches' if one else 'launch up to'} ×{work.ratio:.2f} the work of the other ranks per "
             f"collective ({_work_text(work)}): if {'its GPU is' if one else 'their GPUs are'} what the others wait "
             f"for, that is more work, not a slower GPU")
 
 
 def _heavier_recommendation(heavier):
-    who, one = heavier[:2]
+    who, one = heavier.who, heavier.one
     return (f"first see whether {who} {'does' if one else 'do'} more work per step than the others (a pipeline stage, "
             f"batches): even out the stages, pack or bucket sequences, size batches by tokens — do not drain "
             f"{'its' if one else 'the'} node for it")
@@ -762,11 +773,10 @@ def heavier_warning(heavier):
     GPU finishes last), and one rank, or ranks of one node, launching more work per collective than the others
     (_heavier): pointed at, as more work and not a slower GPU, naming no straggler (their extra kernels may be
     few of the step's time)."""
-    _, _, _, numbers, work_sql = heavier
     return Finding(severity="warning", node=None, cause="more-work",
                    summary=("nobody can be named: every rank waits in synchronize (collectives that only enqueue), where "
                             f"the host cannot see whose GPU finishes last; but {_heavier_words(heavier)}"),
-                   numbers=dict(numbers), sql=dict(work_sql), recommendation=_heavier_recommendation(heavier))
+                   numbers=dict(heavier.numbers), sql=dict(heavier.sql), recommendation=_heavier_recommendation(heavier))
 
 
 def device_wide_warning(grown, threads_sql, beside=(), heavier=None):
@@ -787,8 +797,8 @@ def device_wide_warning(grown, threads_sql, beside=(), heavier=None):
     sql = {"threads": threads_sql.strip()}
     if heavier is not None:
         summary += f"; {_heavier_words(heavier)}"
-        numbers.update(heavier[3])
-        sql.update(heavier[4])
+        numbers.update(heavier.numbers)
+        sql.update(heavier.sql)
         recommendation = _heavier_recommendation(heavier) + "; only then the GPUs: " + recommendation
     fabric = next((f for f in beside if f.severity == "warning" and f.numbers.get("fabric") is True
                    and f.cause in NET_RECOMMENDATION), None)

@@ -196,13 +196,13 @@ ORDER BY e.node, e.pid"""
 
 
 def collective_bytes(windows):
-    """Each rank's recorded collective calls in its recent part (the agent records every one) and the bytes
-    they carried: count x its datatype's size (a datatype of no known size counts none)."""
+    """Each rank's recorded collective calls in its recent part (the agent records every one) of a datatype of
+    known size, and the bytes they carried: count x that size."""
     size = ("CASE json_extract(e.detail, '$.datatype') "
             + " ".join(f"WHEN {lit(name)} THEN {n}" for name, n in NCCL_DATATYPE_BYTES.items()) + " END")
     return f"""
 WITH {win_cte(windows)}
-SELECT e.node, e.pid, COUNT(*) AS calls, SUM(json_extract(e.detail, '$.count') * {size}) AS bytes
+SELECT e.node, e.pid, COUNT({size}) AS calls, SUM(json_extract(e.detail, '$.count') * {size}) AS bytes
 FROM win w
 JOIN events e ON +e.node = w.node AND +e.pid = w.pid AND e.ts >= w.lo AND e.ts < w.hi
 WHERE w.part = 'recent' AND e.source = 'nccl' AND e.op IN ({', '.join(q(o) for o in COLLECTIVE_OPS)})
