@@ -395,3 +395,58 @@ def test_a_thief_is_called_a_writer_only_for_its_io_in_the_recent_window():
         assert "it writes" not in findings._recommend_cpu(thief, rows)
     assert "a writer: 1.0 MiB" in findings._thief_label(*thief, now)
     assert "it writes" in findings._recommend_cpu(thief, now)
+
+
+def _store_of(path, rows):
+    """A store with the agent's schema holding these events (dicts of events' columns)."""
+    from straggler.store import schema
+    conn = sqlite3.connect(path)
+    schema.create(conn)
+    cols = sorted({c for r in rows for c in r})
+    conn.executemany(f"INSERT INTO events ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
+                     [tuple(r.get(c) for c in cols) for r in rows])
+    conn.commit()
+    conn.close()
+
+
+def test_kernel_sizes_are_read_from_a_bounded_sample_spread_over_the_whole_window(tmp_path):
+    """A long trace keeps every launch (--record-all): explain sizes each rank's kernels from a bounded sample
+    (SIZE_PER_PIECE launches from each of SIZE_PIECES pieces of its window), taken across the window, not from
+    its start: a rank whose batches grow half-way sizes at the mean of both halves. Launches without their
+    dimensions count toward the bound but not as sized."""
+    from straggler.analysis.explain import sql
+    from straggler.analysis.explain.windows import Window
+    rows, seq, n = [], 0, 20_000
+    for node, grids in (("a", (100, 300)), ("b", (100, 100))):
+        for i in range(n):
+            seq += 1
+            grid = grids[i >= n // 2] if i % 10 else 0          # one in ten without its dimensions
+            rows.append(dict(seq=seq, node=node, pid=7, tid=7, source="driver", op="cuLaunchKernel", ts=i * 1000,
+                             grid_x=grid, block_x=128))
+    db = str(tmp_path / "sizes.db")
+    _store_of(db, rows)
+    windows = [Window(node, 7, (), ((0, n * 1000),)) for node in ("a", "b")]
+    got = {r["node"]: r for r in _rows(db, sql.launch_sizes(windows))}
+    bound = sql.SIZE_PIECES * sql.SIZE_PER_PIECE
+    for node in ("a", "b"):
+        assert got[node]["sized"] == bound * 9 // 10, got[node]        # bounded; the unsized ones not counted
+    assert got["b"]["threads"] == 100 * 128 and got["b"]["threads_sq"] == (100 * 128) ** 2
+    assert got["a"]["threads"] == 200 * 128                             # both halves, half each
+
+
+def test_the_bytes_of_collectives_count_only_calls_of_a_known_datatype(tmp_path):
+    """Bytes per collective come from the one read of the recorded collectives (per communicator and op):
+    count x the datatype's size, over the calls whose datatype has a size."""
+    from straggler.analysis.explain import sql
+    from straggler.analysis.explain.windows import Window
+    from straggler.probes.symbols import COLLECTIVE_OPS
+    rows = []
+    for i in range(30):
+        datatype = "float32" if i % 3 else "a-type-of-no-known-size"
+        rows.append(dict(seq=i + 1, node="a", pid=7, tid=7, source="nccl", op="ncclAllReduce", ts=i * 1000,
+                         duration=10, detail=json.dumps(dict(comm="0xc0", count=1024, datatype=datatype))))
+    db = str(tmp_path / "bytes.db")
+    _store_of(db, rows)
+    (got,) = _rows(db, sql.comm_collectives([Window("a", 7, (), ((0, 30_000),))], COLLECTIVE_OPS))
+    assert (got["communicator"], got["calls"], got["dur_ns"]) == ("0xc0", 30, 300)
+    assert got["sized_calls"] == 20 and got["bytes"] == 20 * 1024 * 4

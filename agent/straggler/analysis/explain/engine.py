@@ -5,6 +5,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from ...errors import StragglerError, UsageError
+from ...probes.symbols import COLLECTIVE_OPS
 from ...store.steptime import rank_time
 from . import coarse, devices, episodes, findings, model, network, span, sql, steps, timeline
 from .causes import CAUSE_CLASSES
@@ -87,7 +88,8 @@ class Context:
                                                    # its recorded collectives: {"coll_calls", "coll_bytes"}
     mix_sql: str = None
     sizes_sql: str = None          # the ranks' kernel sizes (sql.launch_sizes)
-    bytes_sql: str = None          # the bytes of the ranks' collectives (sql.collective_bytes)
+    coll_sql: str = None           # the ranks' recorded collectives in their recent part (sql.comm_collectives)
+    coll_rows: list = field(default_factory=list)  # its rows: per rank, communicator and op
     job_wait_def: str = None       # where the job's ranks wait for each other over its trace (timeline.job_wait_def),
                                    # where known: 'enqueue' or 'blocking'
 
@@ -733,7 +735,10 @@ def analyse(runner, opts, windows, span_rows, wait_def=None, expected_share=1.0,
     ranks = sorted(recent.values(), key=lambda r: (r.key[0], r.rank if r.rank is not None else -1, r.key[1]))
     mix_sql = sql.call_mix(windows) if windows else None
     sizes_sql = sql.launch_sizes(windows) if windows else None
-    bytes_sql = sql.collective_bytes(windows) if windows else None
+    # the recorded collectives, read once: the bytes they carry here, and their communicators in the findings
+    coll_windows = [w for w in windows if w.key in recent]
+    coll_sql = sql.comm_collectives(coll_windows, COLLECTIVE_OPS) if coll_windows else None
+    coll_rows = runner.rows(coll_sql) if coll_sql else []
     mix = {}
     for r in (runner.rows(mix_sql) if mix_sql else []):
         if r["part"] == "recent":
@@ -741,14 +746,16 @@ def analyse(runner, opts, windows, span_rows, wait_def=None, expected_share=1.0,
     for r in (runner.rows(sizes_sql) if sizes_sql and mix else []):
         if (r["node"], int(r["pid"])) in mix:
             mix[(r["node"], int(r["pid"]))].update(sized=int(r["sized"]), threads=r["threads"], threads_sq=r["threads_sq"])
-    for r in (runner.rows(bytes_sql) if bytes_sql and mix else []):
-        if (r["node"], int(r["pid"])) in mix and r["calls"]:
-            mix[(r["node"], int(r["pid"]))].update(coll_calls=int(r["calls"]), coll_bytes=r["bytes"])
+    for r in coll_rows:
+        m = mix.get((r["node"], int(r["pid"])))
+        if m is not None and r["sized_calls"]:
+            m["coll_calls"] = m.get("coll_calls", 0) + int(r["sized_calls"])
+            m["coll_bytes"] = m.get("coll_bytes", 0) + (r["bytes"] or 0)
     verdict = model.find_stragglers(ranks, slices, mopts, mix=mix)
     return Context(runner=runner, opts=opts, mopts=mopts, span_rows=span_rows, windows=windows, win_of=win_of,
                    threads_sql=threads_sql, slices_sql=slices_sql, verdict=verdict, slices=slices,
                    slice_index=slice_index, slice_ns=slice_ns, recent=recent, baseline=baseline, ranks=ranks,
-                   mix=mix, mix_sql=mix_sql, sizes_sql=sizes_sql, bytes_sql=bytes_sql)
+                   mix=mix, mix_sql=mix_sql, sizes_sql=sizes_sql, coll_sql=coll_sql, coll_rows=coll_rows)
 
 
 def _order(found):

@@ -407,7 +407,7 @@ def _cause_findings(report, ctx, rt, others, base):
         beside, beside_numbers = _step_work(ctx, rt, others)
         numbers.update(beside_numbers)
         if beside_numbers.get("bytes_per_collective") is not None:
-            extra["collective_bytes"] = ctx.bytes_sql.strip()
+            extra["collectives"] = ctx.coll_sql.strip()
         add("more-work", share / denom,
             f"more work on {node}: it launches {_work_text(work)} — ×{work.ratio:.2f} the work per step between the same "
             f"collectives ({'a longer batch or sequence' if work.threads and work.kernels_ratio < 1.05 else 'a pipeline stage with more layers, a longer batch'}); "
@@ -661,17 +661,12 @@ def communicator_finding(report, ctx, cut=None):
     """The job's NCCL communicators (matched across nodes by their set-up) and each rank's recorded time
     in the collectives of each; with a straggler, the communicator in which its peers wait for it, when
     they do wait inside collective calls (not with collectives that only enqueue)."""
-    windows = [w for w in ctx.windows if w.key in ctx.recent]
-    if not windows:
-        return
-    runner = ctx.runner
-    coll_sql = sql.comm_collectives(windows, symbols.COLLECTIVE_OPS)
-    coll_rows = runner.rows(coll_sql)
-    if not any(r.get("communicator") for r in coll_rows):
+    coll_sql, coll_rows = ctx.coll_sql, ctx.coll_rows       # (read once, by engine.analyse)
+    if not coll_sql or not any(r.get("communicator") for r in coll_rows):
         return
     setup_sql = sql.comm_setups(cut.until_only() if cut is not None else None)
     ranks = {(r["node"], int(r["pid"])): r["rank"] for r in ctx.span_rows}
-    found = comms_model.group(runner.rows(setup_sql), coll_rows, ranks)
+    found = comms_model.group(ctx.runner.rows(setup_sql), coll_rows, ranks)
     if not found:
         return
     numbers, sources = {}, {}

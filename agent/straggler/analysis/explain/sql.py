@@ -176,39 +176,49 @@ GROUP BY a.node, a.pid, w.part
 ORDER BY a.node, a.pid, w.part"""
 
 
+SIZE_PIECES = 8             # a rank's kernels are sized from its recent part cut in this many pieces,
+SIZE_PER_PIECE = 250        # from the first this many recorded launches of each (2,000 at most)
+
+
+def _pieces(windows, parts):
+    """Each rank's recent part cut in `parts` pieces of about equal time: (node, pid, lo, hi) rows."""
+    rows = []
+    for w in sorted(windows):
+        total = sum(hi - lo for lo, hi in w.recent)
+        step = max(1, -(-total // parts))
+        for lo, hi in w.recent:
+            for a in range(lo, hi, step):
+                rows.append((w.node, w.pid, a, min(hi, a + step)))
+    return rows
+
+
 def launch_sizes(windows):
-    """The size of each rank's kernels in its recent part, from its recorded launches (the agent records a
-    sample of them, 1 in --sample, and the slow ones; a kernel's size does not make its launch call slow):
-    how many carry their dimensions, and the mean and mean square of their threads (grid x block, as the
-    launch arguments give them). A rank with a longer batch launches the same kernels on bigger grids."""
+    """The size of each rank's kernels in its recent part, from a bounded sample of its recorded launches (the
+    agent records 1 in --sample, and the slow ones; a kernel's size does not make its launch call slow): the
+    first SIZE_PER_PIECE launches of each of SIZE_PIECES pieces of its time, so a long trace costs no more
+    than a short one; how many of them carry their dimensions, and the mean and mean square of their threads (grid x block,
+    as the launch arguments give them). A rank with a longer batch launches the same kernels on bigger grids."""
     launches = ", ".join(q(op) for op in LAUNCH_OPS)
     threads = ("(CAST(e.grid_x AS REAL) * IFNULL(e.grid_y, 1) * IFNULL(e.grid_z, 1) * e.block_x * IFNULL(e.block_y, 1)"
                " * IFNULL(e.block_z, 1))")
     return f"""
-WITH {win_cte(windows)}
-SELECT e.node, e.pid, COUNT(*) AS sized, AVG({threads}) AS threads, AVG({threads} * {threads}) AS threads_sq
-FROM win w
-JOIN events e ON +e.node = w.node AND +e.pid = w.pid AND e.ts >= w.lo AND e.ts < w.hi
-WHERE w.part = 'recent' AND e.source IN ('cuda', 'driver') AND e.op IN ({launches}) AND e.grid_x > 0
-  AND e.block_x > 0 AND {_hull_filter(windows, "e", ("recent",))}
-GROUP BY e.node, e.pid
-ORDER BY e.node, e.pid"""
-
-
-def collective_bytes(windows):
-    """Each rank's recorded collective calls in its recent part (the agent records every one) of a datatype of
-    known size, and the bytes they carried: count x that size."""
-    size = ("CASE json_extract(e.detail, '$.datatype') "
-            + " ".join(f"WHEN {lit(name)} THEN {n}" for name, n in NCCL_DATATYPE_BYTES.items()) + " END")
-    return f"""
-WITH {win_cte(windows)}
-SELECT e.node, e.pid, COUNT({size}) AS calls, SUM(json_extract(e.detail, '$.count') * {size}) AS bytes
-FROM win w
-JOIN events e ON +e.node = w.node AND +e.pid = w.pid AND e.ts >= w.lo AND e.ts < w.hi
-WHERE w.part = 'recent' AND e.source = 'nccl' AND e.op IN ({', '.join(q(o) for o in COLLECTIVE_OPS)})
-  AND {_hull_filter(windows, "e", ("recent",))}
-GROUP BY e.node, e.pid
-ORDER BY e.node, e.pid"""
+WITH {values_cte("piece", ("node", "pid", "lo", "hi"), _pieces(windows, SIZE_PIECES))},
+sample AS MATERIALIZED (
+  SELECT p.node, p.pid, (
+    SELECT json_array(COUNT(t), SUM(t), SUM(t * t)) FROM (
+      SELECT CASE WHEN e.grid_x > 0 AND e.block_x > 0 THEN {threads} END AS t
+      FROM events e
+      WHERE e.source IN ('cuda', 'driver') AND e.op IN ({launches}) AND e.ts >= p.lo AND e.ts < p.hi
+        AND +e.node = p.node AND +e.pid = p.pid
+      LIMIT {SIZE_PER_PIECE})) AS part
+  FROM piece p)
+SELECT node, pid, SUM(json_extract(part, '$[0]')) AS sized,
+       SUM(json_extract(part, '$[1]')) / SUM(json_extract(part, '$[0]')) AS threads,
+       SUM(json_extract(part, '$[2]')) / SUM(json_extract(part, '$[0]')) AS threads_sq
+FROM sample
+GROUP BY node, pid
+HAVING SUM(json_extract(part, '$[0]')) > 0
+ORDER BY node, pid"""
 
 
 def slices(windows, slice_ns):
@@ -341,13 +351,16 @@ ORDER BY node, pid, ts"""
 
 
 def comm_collectives(windows, ops):
-    """Each rank's recorded NCCL collective calls in its recent part, per communicator (its pointer in
-    that process) and op: how many, and their time. (Not "comm": that is events' column of the thread's
-    name, which GROUP BY would take over an alias.)"""
+    """Each rank's recorded NCCL collective calls in its recent part (the agent records every one), per
+    communicator (its pointer in that process) and op: how many, and their time; and how many of them are of a
+    datatype of known size (sized_calls) and the bytes those carried (count x that size). (Not "comm": that is
+    events' column of the thread's name, which GROUP BY would take over an alias.)"""
+    size = ("CASE json_extract(e.detail, '$.datatype') "
+            + " ".join(f"WHEN {lit(name)} THEN {n}" for name, n in NCCL_DATATYPE_BYTES.items()) + " END")
     return f"""
 WITH {win_cte(windows)}
 SELECT e.node, e.pid, json_extract(e.detail, '$.comm') AS communicator, e.op, COUNT(*) AS calls,
-       SUM(e.duration) AS dur_ns
+       SUM(e.duration) AS dur_ns, COUNT({size}) AS sized_calls, SUM(json_extract(e.detail, '$.count') * {size}) AS bytes
 FROM win w
 JOIN events e ON +e.node = w.node AND +e.pid = w.pid AND e.ts >= w.lo AND e.ts < w.hi
 WHERE w.part = 'recent' AND e.source = 'nccl' AND e.op IN ({', '.join(q(o) for o in ops)})
