@@ -339,6 +339,10 @@ def test_watch_fails_the_task_at_the_straggler_and_check_mode_skips(fleet, watch
     # stopped at the onset, long before the 60 s: the last event ends the watch for the straggler
     assert result["events"][-1]["event"] == "end" and result["events"][-1]["reason"] == "straggler"
     assert result["events"][-1]["watch_s"] < 30
+    # the job's time lost over the last window: this synthetic job's collective calls do not line up (a sample of
+    # them), so it is not measured, and the task says why
+    assert result["time_lost"] == result["events"][-1]["window"], result["time_lost"]
+    assert result["time_lost"]["measured"] is False and "line up" in result["time_lost"]["why"], result["time_lost"]
     lines = [json.loads(line) for line in (out / "watch.jsonl").read_text().splitlines()]
     assert [e["event"] for e in lines] == [e["event"] for e in result["events"]]
 

@@ -17,6 +17,7 @@ import ssl
 import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -483,3 +484,96 @@ def test_a_live_answer_with_a_row_the_watch_cannot_key_is_refused_not_a_crash():
         with pytest.raises(_NodeFailure) as refused:
             checked_live("10.0.0.9:7433", {"columns": cols, "thread_time": [row]})
         assert refused.value.status == "sql-error" and "malformed thread_time row" in refused.value.message
+
+
+# ---------------------------------------------------------------- the job's time lost, live
+
+def _sync_store(path, node, calls):
+    """A node's store holding these collective calls [(seq, ts)] of rank 0 (pid 7) and the kernel's counts."""
+    import sqlite3
+    from straggler.store import schema
+    conn = sqlite3.connect(path)
+    schema.create(conn, node)
+    conn.executemany("INSERT INTO events(seq, node, source, op, ts, duration, pid, tid, rank, detail) "
+                     "VALUES (?, ?, 'nccl', 'ncclAllReduce', ?, 1000, 7, 7, 0, ?)",
+                     [(seq, node, ts, json.dumps({"comm": "0xc0", "count": 8, "datatype": "float32"}))
+                      for seq, ts in calls])
+    conn.executemany("INSERT INTO aggregates(node, ts, interval_ns, pid, rank, source, op, count, sum_ns, max_ns) "
+                     "VALUES (?, ?, 1000000000, 7, 0, ?, ?, ?, 0, 0)",
+                     [(node, s * 10**9, source, op, n) for s in range(1, 4)
+                      for source, op, n in (("nccl", "ncclAllReduce", 10), ("driver", "cuLaunchKernel", 40))])
+    conn.commit()
+    conn.close()
+
+
+def test_the_live_answer_carries_the_jobs_sync_points_and_the_watch_keeps_each_call_once(tmp_path):
+    """The watch's what-if lines up the job's collective calls: /live answers them (and the kernel's counts of
+    every call) from a little before the time asked — a call is written when it returns, after summaries the
+    watch already holds — and the watch keeps each one once, under the node its feed answers for."""
+    from straggler.store.live import LATE_NS, live_summary
+    db = str(tmp_path / "node.db")
+    calls = [(i + 1, 10**9 + i * 10**8) for i in range(20)]          # 2 s of calls, 10 per second
+    _sync_store(db, "what-it-says", calls)
+    since = 3 * 10**9 - 1
+    answer = live_summary(db, since_ns=since)
+    got = [dict(zip(answer["columns"]["collectives"], r)) for r in answer["collectives"]]
+    assert [c["seq"] for c in got] == [seq for seq, ts in calls if ts >= since - LATE_NS]
+    assert got[0]["communicator"] == "0xc0" and got[0]["op"] == "ncclAllReduce" and got[0]["pid"] == 7
+    aggs = [dict(zip(answer["columns"]["aggregates"], r)) for r in answer["aggregates"]]
+    assert {(a["source"], a["op"], a["count"]) for a in aggs} == {("nccl", "ncclAllReduce", 10),
+                                                                   ("driver", "cuLaunchKernel", 40)}
+    feed = watch.NodeFeed(address="127.0.0.1:1")
+    status = SimpleNamespace(status="ok", message="", node="gpu-node-03")
+    for _ in range(2):                                                # the same calls twice: kept once
+        feed.apply(status, dict(answer, node="gpu-node-03", thread_time=[]), None, 60 * 10**9)
+    conn = watch.build_store([feed])
+    rows = conn.execute("SELECT node, COUNT(*), MIN(json_extract(detail, '$.comm')) FROM events "
+                        "WHERE source = 'nccl' GROUP BY node").fetchall()
+    assert rows == [("gpu-node-03", len(got), "0xc0")]
+    assert conn.execute("SELECT COUNT(*), SUM(count) FROM aggregates WHERE node = 'gpu-node-03'").fetchone() == \
+        (len(aggs), sum(a["count"] for a in aggs))
+
+
+def _lost(measured=True, imbalance_s=0.0, episode=None):
+    if not measured:
+        return {"measured": False, "why": "its collectives only enqueue"}
+    parts = [dict(what="episode", node=episode, all_along=False, lost_s=4.0)] if episode else []
+    return {"measured": True, "span_s": 50.0, "sync_points": 500, "lost_s": 4.0 * bool(episode) + imbalance_s,
+            "lost_ratio": (4.0 * bool(episode) + imbalance_s) / 50.0, "parts": parts,
+            "imbalance": {"lost_s": imbalance_s, "sync_points": 300, "slowest": []}}
+
+
+def test_imbalance_that_moves_is_reported_once_it_holds_and_its_end_too():
+    """The job's own loss, no node's: explain's imbalance finding in two polls in a row is an `imbalance` event
+    (naming no straggler), its absence in three a `balanced` one; a poll whose time lost was not measured
+    changes nothing."""
+    t = watch.Tracker(confirm=2, clear=3)
+    moving = watch.LiveVerdict(whatif=_lost(imbalance_s=20.0), imbalance="imbalance that moves between ranks: ...")
+    calm = watch.LiveVerdict(whatif=_lost())
+    blind = watch.LiveVerdict(whatif=_lost(measured=False))
+    seen = []
+    for i, v in enumerate([moving, calm, moving, blind, moving, moving, calm, blind, calm, calm]):
+        seen += [(i, e["event"]) for e in t.imbalance(v, now_mono_ns=(i + 1) * 10**9) + t.verdict(v)]
+    assert seen == [(4, "imbalance"), (9, "balanced")], seen
+
+
+def test_the_watchs_metrics_and_its_end_say_what_the_job_lost_over_the_window():
+    from prometheus_client.core import CollectorRegistry
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    from straggler.render.events import format_event
+    from straggler.render.watch_metrics import WatchCollector, WatchState
+    state = WatchState()
+    state.on_tick(watch.LiveVerdict(whatif=_lost(imbalance_s=2.5, episode="gpu-node-02")), [])
+    families = _families(generate_latest(_registry(WatchCollector(state), CollectorRegistry)).decode(),
+                         text_string_to_metric_families)
+    assert families["straggler_window_time_lost_seconds"] == [({"what": "episode", "node": "gpu-node-02"}, 4.0),
+                                                              ({"what": "imbalance", "node": ""}, 2.5)]
+    assert families["straggler_window_time_lost_ratio"] == [({}, 0.13)]
+    assert families["straggler_window_span_seconds"] == [({}, 50.0)]
+    state.on_tick(watch.LiveVerdict(whatif=_lost(measured=False)), [])
+    families = _families(generate_latest(_registry(WatchCollector(state), CollectorRegistry)).decode(),
+                         text_string_to_metric_families)
+    assert families["straggler_window_time_lost_seconds"] == [] and families["straggler_window_time_lost_ratio"] == []
+    end = format_event(dict(event="end", reason="stopped", time="", window=_lost(imbalance_s=2.5, episode="gpu-node-02")))
+    assert "over the last window, time lost: 6.5 s of 50 s (13%)" in end and "gpu-node-02 (its episode) 4 s" in end

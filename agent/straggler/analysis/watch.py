@@ -20,7 +20,12 @@ It prints a line only when the verdict changes (Tracker):
                 be a new episode (explain's `may_resume`; a fault that comes and goes, or quiets for a few
                 seconds, stays one episode through its off-phases) or HOLD_TICKS polls passed, or the job's
                 ranks are gone
+  imbalance     the job loses a share of its time (explain's imbalance finding over the window) to a slowest
+                rank that moves from rank to rank: no node's fault, and no straggler named (CONFIRM_TICKS)
+  balanced      it no longer does (CLEAR_TICKS)
   lost / back   a node stops answering / answers again (the watch goes on with the others)
+Each verdict event, and the watch's end, carries `window`: the job's time lost over the window at its sync
+points, split by what lost it (explain's what-if, from the collective calls the agents record).
 The faces (straggler.cli.watch: text lines for people, JSON lines for machines, --exec hooks; the
 Ansible action) render the events; --until-straggler ends the watch with exit status 1 at the first
 onset (for CI). This module prints nothing.
@@ -37,7 +42,7 @@ from dataclasses import dataclass, field
 from ..errors import UsageError
 from ..text import one_line
 from ..fleet.client import ANSWERED
-from ..store.live import NET_FLOW_COLUMNS, NET_SAMPLE_COLUMNS
+from ..store.live import AGGREGATE_COLUMNS, NET_FLOW_COLUMNS, NET_SAMPLE_COLUMNS
 
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_WINDOW_S = 8.0       # a rank is judged once it has run this long (plus SETTLE_S) ...
@@ -74,6 +79,8 @@ class NodeFeed:
     lost: dict = field(default_factory=dict)          # (probe, ts) -> row
     net_flows: dict = field(default_factory=dict)     # (ts, pid, local address and port, peer's) -> row
     net_samples: dict = field(default_factory=dict)   # (ts, iface) -> row
+    collectives: dict = field(default_factory=dict)   # seq -> row (a call can come twice)
+    aggregates: dict = field(default_factory=dict)    # (ts, pid, source, op) -> row (an interval's counts, twice)
     columns: dict = None
 
     def apply(self, status, answer, sample, horizon_ns):
@@ -107,6 +114,11 @@ class NodeFeed:
         for r in answer.get("net_samples") or []:
             d = dict(zip(cols["net_samples"], r))
             self.net_samples[(d["ts"], d.get("iface"))] = r
+        for r in answer.get("collectives") or []:
+            self.collectives[dict(zip(cols["collectives"], r))["seq"]] = r
+        for r in answer.get("aggregates") or []:
+            d = dict(zip(cols["aggregates"], r))
+            self.aggregates[(d["ts"], d.get("pid"), d.get("source"), d.get("op"))] = r
         if self.since_ns is None and answer.get("latest_ns") is not None:
             self.since_ns = int(answer["latest_ns"])
         if sample is not None:
@@ -128,6 +140,10 @@ class NodeFeed:
         self.lost = {k: v for k, v in self.lost.items() if k[1] >= cut}
         self.net_flows = {k: v for k, v in self.net_flows.items() if k[0] >= cut}
         self.net_samples = {k: v for k, v in self.net_samples.items() if k[0] >= cut}
+        self.aggregates = {k: v for k, v in self.aggregates.items() if k[0] >= cut}
+        if self.collectives:
+            at = self.columns["collectives"].index("ts")
+            self.collectives = {k: v for k, v in self.collectives.items() if v[at] >= cut}
         exited = self.columns["processes"].index("exited")
         self.processes = {pid: r for pid, r in self.processes.items() if r[exited] is None or r[exited] >= cut}
 
@@ -215,6 +231,23 @@ def build_store(feeds, min_span_ns=0):
                 continue
             conn.executemany(f"INSERT INTO {table}(node, {', '.join(use)}) VALUES ({', '.join('?' * (len(use) + 1))})",
                              [[feed.node] + [d.get(c) for c in use] for d in (dict(zip(names, r)) for r in rows)])
+        # the job's sync points (its collective calls, each on its communicator) and the kernel's counts of
+        # its calls (an older agent sends neither: then the what-if says why it was not measured)
+        names = cols.get("collectives")
+        if names and feed.collectives:
+            rows = [d for d in (dict(zip(names, r)) for r in feed.collectives.values()) if isinstance(d.get("op"), str)]
+            conn.executemany("INSERT INTO events(seq, node, source, op, ts, duration, pid, tid, rank, detail) "
+                             "VALUES (?, ?, 'nccl', ?, ?, ?, ?, ?, ?, json_object('comm', ?))",
+                             [(d["seq"], feed.node, d.get("op"), d["ts"], d.get("duration") or 0, d.get("pid"),
+                               d.get("tid"), d.get("rank"), d.get("communicator")) for d in rows])
+        names = cols.get("aggregates")
+        if names and feed.aggregates:
+            use = [c for c in AGGREGATE_COLUMNS[1:] if c in names]
+            if {"ts", "interval_ns", "source", "op", "count", "sum_ns", "max_ns"} <= set(use):
+                conn.executemany(f"INSERT INTO aggregates(node, {', '.join(use)}) VALUES ({', '.join('?' * (len(use) + 1))})",
+                                 [[feed.node] + [d.get(c) for c in use]
+                                  for d in (dict(zip(names, r)) for r in feed.aggregates.values())
+                                  if all(d.get(c) is not None for c in ("source", "op", "count", "sum_ns", "max_ns"))])
         lcols = cols["lost"]
         conn.executemany("INSERT INTO lost_events(node, probe, ts, interval_ns, count) VALUES (?,?,?,?,?)",
                          [(feed.node,) + tuple(dict(zip(lcols, r))[c] for c in ("probe", "ts", "interval_ns", "count"))
@@ -242,6 +275,9 @@ class LiveVerdict:
     lost_s: float = None             # the job's time lost to its episode so far (explain's: its slowdown over
     slowdown: float = None           # its bins), None when not measured (all along)
     ranks: int = 0
+    whatif: dict = None              # the job's time lost over the watch's window at its sync points, split by what
+                                     # lost it (explain's what-if; not measured, and why, where it could not be)
+    imbalance: str = None            # explain's imbalance finding over the window (its summary), if any
     may_resume: frozenset = frozenset()   # nodes whose episode ended so lately it may still resume
     report: object = None
 
@@ -267,7 +303,8 @@ def evaluate(feeds, window_s, baseline_s, min_gap=None):
 
 def verdict_of(report):
     """The LiveVerdict of an explain report: its costliest episode still going at the newest data."""
-    v = LiveVerdict(report=report, ranks=len(report.nodes),
+    v = LiveVerdict(report=report, ranks=len(report.nodes), whatif=window_lost(report.whatif),
+                    imbalance=next((f.summary for f in report.findings if f.cause == "imbalance"), None),
                     may_resume=frozenset(e["node"] for e in report.episodes if e.get("may_resume")))
     going = [e for e in report.episodes if e.get("ongoing")]
     if not going:
@@ -295,6 +332,13 @@ def verdict_of(report):
     return v
 
 
+def window_lost(whatif):
+    """explain's what-if as the watch's events and metrics carry it (its SQL left out), or None."""
+    if not whatif:
+        return None
+    return {k: v for k, v in whatif.items() if k != "sql"}
+
+
 class Tracker:
     """Verdicts in, events out: only when something changes (see the module docstring)."""
 
@@ -306,6 +350,31 @@ class Tracker:
         self._cause_candidate, self._cause_n = None, 0
         self._clear_n = 0
         self.node_state = {}       # address -> "ok" | "lost"
+        self.imbalanced_mono_ns = None     # since when the job loses its time to imbalance (None: it does not)
+        self._imb_n, self._bal_n = 0, 0
+        self.last = None           # the last poll's verdict
+
+    def imbalance(self, v, now_mono_ns=None):
+        """The job's own loss, no node's: explain's imbalance finding over the window (the slowest rank moving
+        from rank to rank), in CONFIRM_TICKS polls in a row -> an "imbalance" event; gone for CLEAR_TICKS ->
+        "balanced". A poll whose what-if was not measured changes nothing."""
+        now = now_mono_ns or time.monotonic_ns()
+        if not (v.whatif or {}).get("measured"):
+            return []
+        if v.imbalance:
+            self._imb_n, self._bal_n = self._imb_n + 1, 0
+        else:
+            self._imb_n, self._bal_n = 0, self._bal_n + 1
+        if self.imbalanced_mono_ns is None and self._imb_n >= self.confirm:
+            self.imbalanced_mono_ns = now
+            imb = v.whatif.get("imbalance") or {}
+            return [dict(event="imbalance", summary=v.imbalance, lost_s=imb.get("lost_s"), span_s=v.whatif.get("span_s"),
+                         slowest=imb.get("slowest"), window=v.whatif)]
+        if self.imbalanced_mono_ns is not None and self._bal_n >= self.clear:
+            lasted = round((now - self.imbalanced_mono_ns) / 1e9, 1)
+            self.imbalanced_mono_ns = None
+            return [dict(event="balanced", lasted_s=lasted, window=v.whatif)]
+        return []
 
     def nodes(self, feeds):
         out = []
@@ -325,6 +394,7 @@ class Tracker:
 
     def verdict(self, v, now_mono_ns=None):
         now = now_mono_ns or time.monotonic_ns()
+        self.last = v
         events = []
         name = v.straggler
         if name is not None and name == self._candidate:
@@ -372,14 +442,16 @@ class Tracker:
 
     def _recovered(self, now, reason):
         return dict(event="recovered", node=self.current.straggler, rank=self.current.rank, cause=self.current.cause,
-                    lasted_s=round((now - self.onset_mono_ns) / 1e9, 1), lost_s=self.current.lost_s, reason=reason)
+                    lasted_s=round((now - self.onset_mono_ns) / 1e9, 1), lost_s=self.current.lost_s, reason=reason,
+                    window=self.last.whatif if self.last is not None else None)
 
 
 def _finding_event(kind, v):
     return dict(event=kind, node=v.straggler, rank=v.rank, pid=v.pid, cause=v.cause, share=v.share,
                 wait_pct=v.wait_pct, others_wait_pct=v.others_wait_pct, step_moved_s=(
                     None if v.step_moved_s is None else round(v.step_moved_s, 1)), summary=v.summary,
-                intermittent=v.intermittent, episode_start=v.episode_start, lost_s=v.lost_s, slowdown=v.slowdown)
+                intermittent=v.intermittent, episode_start=v.episode_start, lost_s=v.lost_s, slowdown=v.slowdown,
+                window=v.whatif)
 
 
 # ---------------------------------------------------------------- the loop
@@ -463,7 +535,7 @@ def watch(nodes, tls, interval_s=DEFAULT_INTERVAL_S, window_s=DEFAULT_WINDOW_S, 
                 verdict = evaluate(feeds, window_s, baseline_s, min_gap=min_gap)
             if on_tick:
                 on_tick(verdict, feeds)
-            for e in tracker.verdict(verdict):
+            for e in tracker.verdict(verdict) + tracker.imbalance(verdict):
                 emit(e)
                 if e["event"] == "onset" and until_straggler:
                     code = EXIT_STRAGGLER
@@ -475,6 +547,7 @@ def watch(nodes, tls, interval_s=DEFAULT_INTERVAL_S, window_s=DEFAULT_WINDOW_S, 
     if code == 0 and not ever_answered:
         code = EXIT_NO_AGENT
     emit(dict(event="end", exit=code, straggler=tracker.current.straggler if tracker.current else None,
+              window=tracker.last.whatif if tracker.last is not None else None,
               reason="straggler" if code == EXIT_STRAGGLER else "no agent answered" if code == EXIT_NO_AGENT
               else "stopped"))
     return code, events

@@ -4,7 +4,8 @@ bounded reading).
 
 An answer is read within caps, whatever the node sends: at most the rows the agent itself answers
 per table (store/live.py: MAX_THREAD_ROWS thread_time, MAX_BLOCK_ROWS block, 1000 processes,
-1000 lost, MAX_NET_ROWS net_flows and net_samples), each row a list of scalars of at most max_row_bytes, and max_bytes in all. A node
+1000 lost, MAX_NET_ROWS net_flows and net_samples, MAX_COLLECTIVE_ROWS collectives, MAX_AGGREGATE_ROWS
+aggregates), each row a list of scalars of at most max_row_bytes, and max_bytes in all. A node
 that sends more is `oversized` for that poll: the client stops reading, closes the connection
 (the next poll opens a new one) and keeps nothing of that answer; the other nodes' feeds go on.
 
@@ -12,7 +13,7 @@ This module must not judge the rows (analysis/watch.py does) and must not render
 """
 import time
 
-from ..store.live import MAX_BLOCK_ROWS, MAX_NET_ROWS, MAX_THREAD_ROWS
+from ..store.live import MAX_AGGREGATE_ROWS, MAX_BLOCK_ROWS, MAX_COLLECTIVE_ROWS, MAX_NET_ROWS, MAX_THREAD_ROWS
 from ..text import one_line
 from ..tls import TLSOptions, client_context
 from .client import (DEFAULT_MAX_ROW_BYTES, AnswerCaps, NodeStatus, _Connection, _NodeFailure, _request, check_caps,
@@ -21,12 +22,14 @@ from .client import (DEFAULT_MAX_ROW_BYTES, AnswerCaps, NodeStatus, _Connection,
 LIVE_PROCESS_ROWS = 1000                 # store/live.py answers at most 1000 processes and 1000 lost rows
 LIVE_LOST_ROWS = 1000
 LIVE_ROWS = (("thread_time", MAX_THREAD_ROWS), ("block", MAX_BLOCK_ROWS), ("processes", LIVE_PROCESS_ROWS),
-             ("lost", LIVE_LOST_ROWS), ("net_flows", MAX_NET_ROWS), ("net_samples", MAX_NET_ROWS))
+             ("lost", LIVE_LOST_ROWS), ("net_flows", MAX_NET_ROWS), ("net_samples", MAX_NET_ROWS),
+             ("collectives", MAX_COLLECTIVE_ROWS), ("aggregates", MAX_AGGREGATE_ROWS))
 # a full answer of the agent (20,000 summaries and 20,000 block rows of long names) is about 12 MB
 DEFAULT_MAX_LIVE_BYTES = 32 << 20
 # the columns the watch keys and counts rows by: integers in every row, or the answer is refused
 LIVE_INTEGERS = {"thread_time": ("ts", "interval_ns", "pid", "tid"), "block": ("ts", "pid"), "processes": ("pid",),
-                 "lost": ("ts", "interval_ns"), "net_flows": ("ts", "interval_ns"), "net_samples": ("ts",)}
+                 "lost": ("ts", "interval_ns"), "net_flows": ("ts", "interval_ns"), "net_samples": ("ts",),
+                 "collectives": ("seq", "ts"), "aggregates": ("ts", "interval_ns")}
 
 
 def checked_live(address, answer):

@@ -4,6 +4,7 @@ straggler.text.safe_text."""
 import json
 
 from ..text import safe_text
+from .report import whatif_text
 
 
 def format_event(e):
@@ -34,6 +35,11 @@ def _event_lines(e):
         return [f"{t} LOST {e['node']} ({e['status']}): {e['message']}; watching the others"]
     if kind == "back":
         return [f"{t} BACK {e['node']} answers again"]
+    if kind == "imbalance":
+        return [f"{t} IMBALANCE (no node's fault): {e.get('summary') or ''}"]
+    if kind == "balanced":
+        return [f"{t} BALANCED: the job no longer loses its time to imbalance (it did for {e['lasted_s']:g} s)"]
     if kind == "end":
-        return [f"{t} watch ended: {e['reason']}" + (f" (straggler: {e['straggler']})" if e.get("straggler") else "")]
+        return ([f"{t} watch ended: {e['reason']}" + (f" (straggler: {e['straggler']})" if e.get("straggler") else "")]
+                + [f"over the last window, {line}" for line in whatif_text(e.get("window"))])
     return [f"{t} {json.dumps(e, default=str)}"]

@@ -111,7 +111,11 @@ def episode_headline(e):
 def whatif_lines(report):
     """The report's first lines: the job's time lost at its sync points, split by what lost it (explain's
     steps.py); one line saying why where it was not measured; none without a what-if."""
-    w = getattr(report, "whatif", None)
+    return whatif_text(getattr(report, "whatif", None))
+
+
+def whatif_text(w):
+    """A what-if (explain's report.whatif, or the watch's over its window) as lines: none without one."""
     if not w:
         return []
     if not w.get("measured"):

@@ -1,6 +1,6 @@
 """The live watch's verdict as Prometheus metrics (`straggler watch --metrics-listen`): the straggle
-episode going on now — its node, rank and cause, when it began, whether it comes and goes — and the
-nodes answering. A node's own /metrics cannot say this (it takes every node's data to name a straggler);
+episode going on now — its node, rank and cause, when it began, whether it comes and goes — the job's
+time lost over the window, split by what lost it (each episode, imbalance), and the nodes answering. A node's own /metrics cannot say this (it takes every node's data to name a straggler);
 the watch can. Rendering only: the state comes from the watch's events and polls."""
 import threading
 import time
@@ -21,6 +21,7 @@ class WatchState:
         self.polls = 0
         self.lost_now = None         # the job's time lost to the episode going on, so far (its last poll)
         self.lost_ended = 0.0        # ... and to the episodes that ended
+        self.window = None           # the job's time lost over the window, split by what lost it (the last poll's)
 
     def on_event(self, e):
         with self.lock:
@@ -42,6 +43,7 @@ class WatchState:
     def on_tick(self, verdict, feeds):
         with self.lock:
             self.polls += 1
+            self.window = getattr(verdict, "whatif", None)
             if self.current is not None and verdict.straggler == self.current.get("node"):
                 self.lost_now = verdict.lost_s
             for f in feeds:
@@ -70,6 +72,7 @@ class WatchCollector:
             current, started, onsets = self.state.current, self.state.started_real, self.state.onsets
             nodes, polls = dict(self.state.nodes), self.state.polls
             lost_now, lost_ended = self.state.lost_now, self.state.lost_ended
+            window = self.state.window
         going = GaugeMetricFamily("straggler_episode", EPISODE_HELP, labels=["node", "rank", "cause", "intermittent"])
         start = GaugeMetricFamily("straggler_episode_start_timestamp_seconds",
                                   "When the straggle episode going on began (seconds since the epoch)", labels=["node"])
@@ -97,6 +100,7 @@ class WatchCollector:
                                     "The job's time lost to the straggle episodes that ended while the watch ran")
         ended.add_metric([], lost_ended)
         yield ended
+        yield from _window_families(window)
         total = CounterMetricFamily("straggler_episode_onsets", "Straggle episodes the watch has seen begin")
         total.add_metric([], onsets)
         yield total
@@ -108,3 +112,30 @@ class WatchCollector:
         count = CounterMetricFamily("straggler_watch_polls", "Polls of every node the watch has made")
         count.add_metric([], polls)
         yield count
+
+
+def _window_families(w):
+    """The job's time lost over the watch's window at its sync points (explain's what-if): in all, as a share of
+    the window, and split by what lost it — each node's episode or pauses, and imbalance that moves between
+    ranks (with jitter); absent where it was not measured."""
+    from prometheus_client.core import GaugeMetricFamily
+    span = GaugeMetricFamily("straggler_window_span_seconds",
+                             "The span of the window the job's time lost is measured over (its first to last sync point)")
+    ratio = GaugeMetricFamily("straggler_window_time_lost_ratio",
+                              "Share of the window the job lost waiting for its slowest rank at its sync points")
+    lost = GaugeMetricFamily("straggler_window_time_lost_seconds",
+                             "The job's time lost over the window, by what lost it (what: episode, pauses or imbalance; "
+                             "node: the episode's, empty for imbalance)", labels=["what", "node"])
+    if w and w.get("measured"):
+        span.add_metric([], float(w["span_s"]))
+        ratio.add_metric([], float(w["lost_ratio"]))
+        by = {}
+        for p in w.get("parts") or []:
+            key = (str(p.get("what") or "episode"), str(p.get("node") or ""))
+            by[key] = by.get(key, 0.0) + float(p.get("lost_s") or 0.0)
+        by[("imbalance", "")] = float((w.get("imbalance") or {}).get("lost_s") or 0.0)
+        for (what, node), value in sorted(by.items()):
+            lost.add_metric([what, node], value)
+    yield span
+    yield ratio
+    yield lost

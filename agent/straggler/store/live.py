@@ -5,7 +5,8 @@ step-time model's per-interval summaries, schema 2) that start at or after `sinc
 block I/O in the same time summed per second and submitting process (explain's evidence for
 io-self / io-other, without shipping one row per request), its links in the same time (the job's TCP
 connections per interval and its interfaces' samples, schema 5: explain's evidence of a slow link;
-none from an older store), the ranked processes, and the lost
+none from an older store), the recorded collective calls and the kernel's counts of every traced call (the
+job's sync points, lined up by explain's what-if), the ranked processes, and the lost
 events of the intervals that end after `since` (they are written when their longer interval
 ends, so a row can come twice: the watch keys them by probe and ts). A watch keeps the rows it
 got and asks again from the `ts` after the newest summary it holds.
@@ -14,6 +15,7 @@ The tables and columns here are the ones explain reads (analysis/explain/sql.py)
 controller can put the answers of every node into one in-memory store and run the same explain
 on it. Reads only, under a deadline (store.query.reading: SQLite is interrupted at it).
 """
+from ..probes.symbols import COLLECTIVE_OPS
 from .query import reading
 
 # per answer: a node traces a few threads per rank; one interval per second, so this is minutes
@@ -40,6 +42,15 @@ NET_SAMPLE_COLUMNS = ("node", "ts", "iface", "operstate", "carrier", "speed_mbps
                       "rx_bytes", "tx_bytes", "rx_errors", "tx_errors", "rx_dropped", "tx_dropped", "rx_crc_errors",
                       "rx_missed_errors", "tx_carrier_errors")
 MAX_NET_ROWS = 10_000
+# the job's sync points (explain's steps.py lines them up: the watch's what-if): each recorded collective
+# call, the communicator it was on; and the kernel's counts of every traced call (is every collective
+# recorded? how many kernels per collective?). Both are asked again from LATE_NS before `since`: a call is
+# written when it returns, an interval's counts when it ends (the watch keys them: seq; ts, pid, op)
+COLLECTIVE_COLUMNS = ("node", "seq", "ts", "duration", "pid", "tid", "rank", "op", "communicator")
+AGGREGATE_COLUMNS = ("node", "ts", "interval_ns", "pid", "rank", "source", "op", "count", "sum_ns", "max_ns")
+MAX_COLLECTIVE_ROWS = 20_000
+MAX_AGGREGATE_ROWS = 20_000
+LATE_NS = 5_000_000_000
 
 
 def _rows(conn, sql, params):
@@ -93,6 +104,17 @@ def live_summary(db_path, since_ns=None, timeout_s=DEFAULT_TIMEOUT_S):
                                 f"AND (exited IS NULL OR exited >= ?) ORDER BY pid LIMIT 1000", (since_ns,))
         lost = _rows(conn, f"SELECT {', '.join(LOST_COLUMNS)} FROM lost_events WHERE ts + interval_ns >= ? "
                            f"ORDER BY ts LIMIT 1000", (since_ns,))
+        late = max(INT64[0], since_ns - LATE_NS)
+        colls = _rows(conn, f"""
+            SELECT node, seq, ts, duration, pid, tid, rank, op, json_extract(detail, '$.comm') AS communicator
+            FROM events
+            WHERE source = 'nccl' AND op IN ({', '.join('?' * len(COLLECTIVE_OPS))}) AND ts >= ?
+            ORDER BY ts
+            LIMIT ?""", (*COLLECTIVE_OPS, late, MAX_COLLECTIVE_ROWS + 1))
+        truncated = truncated or len(colls) > MAX_COLLECTIVE_ROWS
+        colls = colls[:MAX_COLLECTIVE_ROWS]
+        aggs = _rows(conn, f"SELECT {', '.join(AGGREGATE_COLUMNS)} FROM aggregates WHERE ts >= ? "
+                           f"AND source IN ('cuda', 'driver', 'nccl') ORDER BY ts LIMIT ?", (late, MAX_AGGREGATE_ROWS))
         flows = samples = []
         if _has_tables(conn, "net_flows", "net_samples"):
             flows = _rows(conn, f"SELECT {', '.join(NET_FLOW_COLUMNS)} FROM net_flows WHERE ts >= ? ORDER BY ts "
@@ -101,9 +123,10 @@ def live_summary(db_path, since_ns=None, timeout_s=DEFAULT_TIMEOUT_S):
                                   f"AND iface != 'lo' ORDER BY ts LIMIT ?", (since_ns, MAX_NET_ROWS))
     return {"columns": {"thread_time": list(THREAD_TIME_COLUMNS), "block": list(BLOCK_COLUMNS),
                         "processes": list(PROCESS_COLUMNS), "lost": list(LOST_COLUMNS),
-                        "net_flows": list(NET_FLOW_COLUMNS), "net_samples": list(NET_SAMPLE_COLUMNS)},
+                        "net_flows": list(NET_FLOW_COLUMNS), "net_samples": list(NET_SAMPLE_COLUMNS),
+                        "collectives": list(COLLECTIVE_COLUMNS), "aggregates": list(AGGREGATE_COLUMNS)},
             "thread_time": threads, "block": block, "processes": processes, "lost": lost, "net_flows": flows,
-            "net_samples": samples, "since_ns": since_ns, "latest_ns": newest, "truncated": truncated}
+            "net_samples": samples, "collectives": colls, "aggregates": aggs, "since_ns": since_ns, "latest_ns": newest, "truncated": truncated}
 
 
 def _has_tables(conn, *names):

@@ -107,7 +107,9 @@ class ActionModule(ControllerAction):
             if write_if_changed(args['dest'], text):
                 written.append(args['dest'])
         straggler, finding, lost = summarize(events)
+        end = next((event for event in reversed(events) if event.get('event') == 'end'), {})
         result.update(
+            time_lost=end.get('window'),
             changed=bool(written),
             written=written,
             straggler=straggler,

@@ -18,6 +18,9 @@ description:
   - A straggler is named (an C(onset) event) when explain names the same node in two polls in a row; the watch
     also reports C(cause-change), C(recovered), C(lost) and C(back) events. A node that stops answering is
     reported and the watch goes on with the others.
+  - When the job loses a quarter or more of its time to a slowest rank that moves from rank to rank (no node's
+    fault), the watch reports an C(imbalance) event, and C(balanced) when it no longer does; neither names a
+    straggler.
   - With O(fail_on_straggler) (the default) the watch stops at the first onset and the task fails, returning the
     finding, which makes a CI pipeline red. Without it the watch runs for the whole O(duration) and the task
     reports the straggler named when it ended, if any.
@@ -141,11 +144,28 @@ finding:
     share: 0.82
 events:
   description:
-    - Every event of the watch, in order. C(event) is one of start, onset, cause-change, recovered, lost, back, end.
+    - Every event of the watch, in order. C(event) is one of start, onset, cause-change, recovered, imbalance,
+      balanced, lost, back, end.
+    - Verdict events and the end carry C(window), as RV(time_lost).
   returned: success
   type: list
   sample: [{event: onset, node: gpu-node-03, rank: 2, cause: cpu-contention, share: 0.7}]
   elements: dict
+time_lost:
+  description:
+    - The job's time lost over the watch's last window at its sync points, split by what lost it (explain's
+      what-if, from the collective calls the agents record), or null before the first verdict.
+    - Keys measured; when measured, span_s, sync_points, lost_s, lost_ratio, parts (each node's episode or pauses,
+      with what, node, lost_s) and imbalance (lost_s, sync_points, slowest); when not, why.
+  returned: success
+  type: dict
+  sample:
+    measured: true
+    span_s: 58.2
+    lost_s: 9.1
+    lost_ratio: 0.156
+    parts: [{what: episode, node: gpu-node-02, lost_s: 7.4}]
+    imbalance: {lost_s: 1.7, sync_points: 310, slowest: []}
 lost:
   description: The nodes (their names, or their addresses when they never answered) not answering when the watch ended.
   returned: success
