@@ -326,6 +326,10 @@ def test_live_returns_the_rows_since_a_time_and_refuses_a_bad_since(certs, tls_a
     response = conn.getresponse()
     answer = json.loads(response.read())
     assert response.status == 400 and "since" in answer["error"]
+    conn.request("GET", f"/api/v1/live?since={ts[-2]}&after_seq=last")
+    response = conn.getresponse()
+    answer = json.loads(response.read())
+    assert response.status == 400 and "after_seq" in answer["error"] and "\n" not in answer["error"]
 
 
 def test_plain_metrics_port_is_loopback_only_unless_told(tls_agent, tmp_path):
@@ -526,6 +530,11 @@ def test_the_live_answer_carries_the_jobs_sync_points_and_the_watch_keeps_each_c
     status = SimpleNamespace(status="ok", message="", node="gpu-node-03")
     for _ in range(2):                                                # the same calls twice: kept once
         feed.apply(status, dict(answer, node="gpu-node-03", thread_time=[]), None, 60 * 10**9)
+    # the next poll asks for the calls written after the newest it holds: none again, only the new ones
+    assert feed.after_seq == got[-1]["seq"]
+    assert live_summary(db, since_ns=since, after_seq=feed.after_seq)["collectives"] == []
+    assert [r[1] for r in live_summary(db, since_ns=since, after_seq=got[-3]["seq"])["collectives"]] == \
+        [c["seq"] for c in got[-2:]]
     conn = watch.build_store([feed])
     rows = conn.execute("SELECT node, COUNT(*), MIN(json_extract(detail, '$.comm')) FROM events "
                         "WHERE source = 'nccl' GROUP BY node").fetchall()

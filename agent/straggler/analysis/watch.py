@@ -79,7 +79,8 @@ class NodeFeed:
     lost: dict = field(default_factory=dict)          # (probe, ts) -> row
     net_flows: dict = field(default_factory=dict)     # (ts, pid, local address and port, peer's) -> row
     net_samples: dict = field(default_factory=dict)   # (ts, iface) -> row
-    collectives: dict = field(default_factory=dict)   # seq -> row (a call can come twice)
+    collectives: dict = field(default_factory=dict)   # seq -> row
+    after_seq: int = None                             # the highest seq of them: the next poll asks for the calls after
     aggregates: dict = field(default_factory=dict)    # (ts, pid, source, op) -> row (an interval's counts, twice)
     columns: dict = None
 
@@ -115,7 +116,9 @@ class NodeFeed:
             d = dict(zip(cols["net_samples"], r))
             self.net_samples[(d["ts"], d.get("iface"))] = r
         for r in answer.get("collectives") or []:
-            self.collectives[dict(zip(cols["collectives"], r))["seq"]] = r
+            seq = dict(zip(cols["collectives"], r))["seq"]
+            self.collectives[seq] = r
+            self.after_seq = seq if self.after_seq is None else max(self.after_seq, seq)
         for r in answer.get("aggregates") or []:
             d = dict(zip(cols["aggregates"], r))
             self.aggregates[(d["ts"], d.get("pid"), d.get("source"), d.get("op"))] = r
@@ -468,7 +471,7 @@ class _Poller(threading.Thread):
     def run(self):
         while not self.stop.is_set():
             started = time.monotonic()
-            status, answer, sample = self.live.get(self.feed.since_ns)
+            status, answer, sample = self.live.get(self.feed.since_ns, self.feed.after_seq)
             with self.lock:
                 try:
                     self.feed.apply(status, answer, sample, self.horizon_ns)

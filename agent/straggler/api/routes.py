@@ -9,7 +9,8 @@ Routes (JSON unless noted; role = what the client certificate must grant, see tl
   GET  /api/v1/clock     -> {"node","realtime_ns","monotonic_ns","pairs":[[mono_ns, real_ns], ...]}
                          (?pairs=N: the last N stored clock pairs, 0 for none; the clock is read last)  query
   GET  /api/v1/health    -> store.status.collect_status() of the served database            query
-  GET  /api/v1/live      -> store.live.live_summary(): the step-time model's rows since ?since=NS
+  GET  /api/v1/live      -> store.live.live_summary(): the step-time model's rows since ?since=NS (and the
+                            collective calls after ?after_seq=N)
                          (node CLOCK_MONOTONIC ns), for `straggler watch`; with the node's clocks  query
   GET  /metrics          -> Prometheus metrics of the node (api/metrics.py; text exposition)   query
   GET  /api/v1/snapshot  -> a consistent copy of the whole database (application/vnd.sqlite3)  snapshot
@@ -286,13 +287,13 @@ class App:
         return json_answer(200, status)
 
     def live(self, request):
-        from ..store.live import check_since, live_summary
-        text = (request.query.get("since") or [None])[0]
+        from ..store.live import check_seq, check_since, live_summary
         try:
-            since = check_since(text)
+            since = check_since((request.query.get("since") or [None])[0])
+            after_seq = check_seq((request.query.get("after_seq") or [None])[0])
         except ValueError as exc:
             raise BadRequest(400, str(exc)) from None
-        answer = live_summary(self.db_path, since, timeout_s=self.light_timeout_s)
+        answer = live_summary(self.db_path, since, timeout_s=self.light_timeout_s, after_seq=after_seq)
         mono_ns, real_ns = read_clock_pair()   # last, as for /clock: the watch's offset sample
         answer.update(node=self.node, monotonic_ns=mono_ns, realtime_ns=real_ns)
         return json_answer(200, answer)

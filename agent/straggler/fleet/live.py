@@ -63,7 +63,7 @@ def live_caps(max_bytes=DEFAULT_MAX_LIVE_BYTES, max_row_bytes=DEFAULT_MAX_ROW_BY
 class LiveFeed:
     """One agent's GET /api/v1/live, polled on one keep-alive connection (reopened after a failure).
 
-    get(since_ns) -> (NodeStatus, answer dict or None, clock sample (t_send, node_real, t_recv) or None).
+    get(since_ns, after_seq) -> (NodeStatus, answer dict or None, clock sample (t_send, node_real, t_recv) or None).
     Never raises for a node's failure: that is the status. Not thread-safe: one poller per feed.
     The feed's node is `expected_node` when given, else the node its first answer names; an answer
     naming another node is refused (wrong-node): an address cannot turn into another node mid-watch.
@@ -79,11 +79,13 @@ class LiveFeed:
         self.timeout_s = float(timeout_s)
         self._conn = None
 
-    def get(self, since_ns=None):
+    def get(self, since_ns=None, after_seq=None):
         started = time.monotonic()
         status = NodeStatus(address=self.address)
         answer, sample = None, None
-        path = "/api/v1/live" + (f"?since={int(since_ns)}" if since_ns is not None else "")
+        query = [f"since={int(since_ns)}"] if since_ns is not None else []
+        query += [f"after_seq={int(after_seq)}"] if after_seq is not None else []
+        path = "/api/v1/live" + ("?" + "&".join(query) if query else "")
         try:
             if self._conn is None:
                 self._conn = _Connection(self.address, self.tls, self.context, self.timeout_s)

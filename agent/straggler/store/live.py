@@ -44,8 +44,9 @@ NET_SAMPLE_COLUMNS = ("node", "ts", "iface", "operstate", "carrier", "speed_mbps
 MAX_NET_ROWS = 10_000
 # the job's sync points (explain's steps.py lines them up: the watch's what-if): each recorded collective
 # call, the communicator it was on; and the kernel's counts of every traced call (is every collective
-# recorded? how many kernels per collective?). Both are asked again from LATE_NS before `since`: a call is
-# written when it returns, an interval's counts when it ends (the watch keys them: seq; ts, pid, op)
+# recorded? how many kernels per collective?). Both are read from LATE_NS before `since`: a call is written
+# when it returns, an interval's counts when it ends. The calls the watch holds already are left out by their
+# seq (?after_seq=: seqs grow in the order rows are written); the counts come again (the watch keys them)
 COLLECTIVE_COLUMNS = ("node", "seq", "ts", "duration", "pid", "tid", "rank", "op", "communicator")
 AGGREGATE_COLUMNS = ("node", "ts", "interval_ns", "pid", "rank", "source", "op", "count", "sum_ns", "max_ns")
 MAX_COLLECTIVE_ROWS = 20_000
@@ -76,15 +77,31 @@ def check_since(text):
     return since
 
 
-def live_summary(db_path, since_ns=None, timeout_s=DEFAULT_TIMEOUT_S):
+def check_seq(text):
+    """?after_seq= as an int (None when empty); ValueError with a one-line reason otherwise."""
+    if text in (None, ""):
+        return None
+    try:
+        seq = int(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"after_seq={str(text)[:40]!r}: give the highest event seq the watch holds (an integer)") from None
+    if not INT64[0] <= seq <= INT64[1]:
+        raise ValueError(f"after_seq={str(text)[:40]} is out of range (an integer between {INT64[0]} and {INT64[1]})")
+    return seq
+
+
+def live_summary(db_path, since_ns=None, timeout_s=DEFAULT_TIMEOUT_S, after_seq=None):
     """{"columns": {table: [...]}, "thread_time": rows, "block": rows, "processes": rows, "lost": rows,
     "latest_ns": end of the newest interval or None, "truncated": bool}.
 
     since_ns: node CLOCK_MONOTONIC ns; intervals that START at or after it (a watch passes the
     `ts` after the last one it holds). None: the last DEFAULT_LOOKBACK_NS. ValueError for a since_ns
-    out of SQLite's range; QueryTimeout past timeout_s."""
+    out of SQLite's range; QueryTimeout past timeout_s. after_seq: the collective calls written after that
+    event seq only (the highest the watch holds: each call comes once), of those from LATE_NS before since_ns."""
     if since_ns is not None:
         since_ns = check_since(since_ns)
+    if after_seq is not None:
+        after_seq = check_seq(after_seq)
     with reading(db_path, timeout_s, "the live summary") as conn:
         newest = latest_ts(conn)
         if since_ns is None:
@@ -108,9 +125,9 @@ def live_summary(db_path, since_ns=None, timeout_s=DEFAULT_TIMEOUT_S):
         colls = _rows(conn, f"""
             SELECT node, seq, ts, duration, pid, tid, rank, op, json_extract(detail, '$.comm') AS communicator
             FROM events
-            WHERE source = 'nccl' AND op IN ({', '.join('?' * len(COLLECTIVE_OPS))}) AND ts >= ?
+            WHERE source = 'nccl' AND op IN ({', '.join('?' * len(COLLECTIVE_OPS))}) AND ts >= ? AND seq > ?
             ORDER BY ts
-            LIMIT ?""", (*COLLECTIVE_OPS, late, MAX_COLLECTIVE_ROWS + 1))
+            LIMIT ?""", (*COLLECTIVE_OPS, late, INT64[0] if after_seq is None else after_seq, MAX_COLLECTIVE_ROWS + 1))
         truncated = truncated or len(colls) > MAX_COLLECTIVE_ROWS
         colls = colls[:MAX_COLLECTIVE_ROWS]
         aggs = _rows(conn, f"SELECT {', '.join(AGGREGATE_COLUMNS)} FROM aggregates WHERE ts >= ? "
