@@ -535,7 +535,9 @@ def test_the_live_answer_carries_the_jobs_sync_points_and_the_watch_keeps_each_c
     assert live_summary(db, since_ns=since, after_seq=feed.after_seq)["collectives"] == []
     assert [r[1] for r in live_summary(db, since_ns=since, after_seq=got[-3]["seq"])["collectives"]] == \
         [c["seq"] for c in got[-2:]]
-    conn = watch.build_store([feed])
+    assert watch.build_store([feed]).execute("SELECT COUNT(*) FROM events WHERE source = 'nccl'").fetchone() == (0,), \
+        "the verdicts are made without the calls, as they always were"
+    conn = watch.build_store([feed], calls=True)
     rows = conn.execute("SELECT node, COUNT(*), MIN(json_extract(detail, '$.comm')) FROM events "
                         "WHERE source = 'nccl' GROUP BY node").fetchall()
     assert rows == [("gpu-node-03", len(got), "0xc0")]

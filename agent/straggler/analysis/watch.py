@@ -25,7 +25,8 @@ It prints a line only when the verdict changes (Tracker):
   balanced      it no longer does (CLEAR_TICKS)
   lost / back   a node stops answering / answers again (the watch goes on with the others)
 Each verdict event, and the watch's end, carries `window`: the job's time lost over the window at its sync
-points, split by what lost it (explain's what-if, from the collective calls the agents record).
+points, split by what lost it (explain's what-if, from the collective calls the agents record), measured
+every WHATIF_EVERY_S.
 The faces (straggler.cli.watch: text lines for people, JSON lines for machines, --exec hooks; the
 Ansible action) render the events; --until-straggler ends the watch with exit status 1 at the first
 onset (for CI). This module prints nothing.
@@ -52,6 +53,8 @@ CLEAR_TICKS = 3              # recovered after this many polls in a row without 
 HOLD_TICKS = 8               # ... once its episode is closed, or after this many however it reads (a rank still a
                              # little the slowest after its fault ended keeps the segmentation's edge open long)
 STALE_S = 4.0                # a rank whose newest summary is this much older than its node's newest is gone
+WHATIF_EVERY_S = 5.0         # the job's time lost over the window is measured this often (it lines up every
+                             # collective call of the window: ten times a verdict's cost)
 SETTLE_S = 10.0              # a rank is judged once it has run the window + this long (a job's start is no onset)
 EXIT_STRAGGLER = 1
 EXIT_NO_AGENT = 3
@@ -185,9 +188,11 @@ def refuse_shared_names(feeds, refused):
             feed.status, feed.message = "wrong-node", refused[feed.address]
 
 
-def build_store(feeds, min_span_ns=0):
+def build_store(feeds, min_span_ns=0, calls=False):
     """One in-memory store with the agents' schema, holding every answering node's recent rows (of
-    the ranks that have run min_span_ns); a feed refused for its identity holds none."""
+    the ranks that have run min_span_ns); a feed refused for its identity holds none. calls: with the
+    recorded collective calls and the kernel's counts of the calls (the what-if's; the verdicts are made
+    without them, as they always were, at a tenth of the cost)."""
     from ..store import schema
     conn = sqlite3.connect(":memory:")
     schema.create(conn)
@@ -237,14 +242,14 @@ def build_store(feeds, min_span_ns=0):
         # the job's sync points (its collective calls, each on its communicator) and the kernel's counts of
         # its calls (an older agent sends neither: then the what-if says why it was not measured)
         names = cols.get("collectives")
-        if names and feed.collectives:
+        if calls and names and feed.collectives:
             rows = [d for d in (dict(zip(names, r)) for r in feed.collectives.values()) if isinstance(d.get("op"), str)]
             conn.executemany("INSERT INTO events(seq, node, source, op, ts, duration, pid, tid, rank, detail) "
                              "VALUES (?, ?, 'nccl', ?, ?, ?, ?, ?, ?, json_object('comm', ?))",
                              [(d["seq"], feed.node, d.get("op"), d["ts"], d.get("duration") or 0, d.get("pid"),
                                d.get("tid"), d.get("rank"), d.get("communicator")) for d in rows])
         names = cols.get("aggregates")
-        if names and feed.aggregates:
+        if calls and names and feed.aggregates:
             use = [c for c in AGGREGATE_COLUMNS[1:] if c in names]
             if {"ts", "interval_ns", "source", "op", "count", "sum_ns", "max_ns"} <= set(use):
                 conn.executemany(f"INSERT INTO aggregates(node, {', '.join(use)}) VALUES ({', '.join('?' * (len(use) + 1))})",
@@ -285,11 +290,12 @@ class LiveVerdict:
     report: object = None
 
 
-def evaluate(feeds, window_s, baseline_s, min_gap=None):
+def evaluate(feeds, window_s, baseline_s, min_gap=None, calls=False):
     """Run explain over the feeds' rows (its episodes in time) -> LiveVerdict: the straggler of the
-    episode still going at the newest data, if any."""
+    episode still going at the newest data, if any. calls: with the collective calls and the calls' counts
+    too (build_store), for the what-if (WHATIF_EVERY_S)."""
     from . import explain
-    conn = build_store(feeds, int((window_s + SETTLE_S) * 1e9))
+    conn = build_store(feeds, int((window_s + SETTLE_S) * 1e9), calls=calls)
     try:
         missing = {f.node or f.address: dict(node=f.node or f.address, status=f.status, message=f.message,
                                              address=f.address)
@@ -359,8 +365,8 @@ class Tracker:
 
     def imbalance(self, v, now_mono_ns=None):
         """The job's own loss, no node's: explain's imbalance finding over the window (the slowest rank moving
-        from rank to rank), in CONFIRM_TICKS polls in a row -> an "imbalance" event; gone for CLEAR_TICKS ->
-        "balanced". A poll whose what-if was not measured changes nothing."""
+        from rank to rank), in CONFIRM_TICKS measures in a row (one every WHATIF_EVERY_S) -> an "imbalance"
+        event; gone for CLEAR_TICKS -> "balanced". A measure that could not be made changes nothing."""
         now = now_mono_ns or time.monotonic_ns()
         if not (v.whatif or {}).get("measured"):
             return []
@@ -521,6 +527,7 @@ def watch(nodes, tls, interval_s=DEFAULT_INTERVAL_S, window_s=DEFAULT_WINDOW_S, 
     ever_answered = False
     try:
         next_tick = time.monotonic() + interval_s
+        next_whatif, window = 0.0, (None, None)
         while not stop.is_set():
             if timeout_s is not None and time.monotonic() - started >= timeout_s:
                 break
@@ -536,9 +543,15 @@ def watch(nodes, tls, interval_s=DEFAULT_INTERVAL_S, window_s=DEFAULT_WINDOW_S, 
                     emit(e)
                 ever_answered = ever_answered or any(f.status in ANSWERED for f in feeds)
                 verdict = evaluate(feeds, window_s, baseline_s, min_gap=min_gap)
+                fresh = time.monotonic() >= next_whatif
+                if fresh:
+                    next_whatif = time.monotonic() + WHATIF_EVERY_S
+                    measured = evaluate(feeds, window_s, baseline_s, min_gap=min_gap, calls=True)
+                    window = (measured.whatif, measured.imbalance)
+            verdict.whatif, verdict.imbalance = window
             if on_tick:
                 on_tick(verdict, feeds)
-            for e in tracker.verdict(verdict) + tracker.imbalance(verdict):
+            for e in tracker.verdict(verdict) + (tracker.imbalance(verdict) if fresh else []):
                 emit(e)
                 if e["event"] == "onset" and until_straggler:
                     code = EXIT_STRAGGLER
