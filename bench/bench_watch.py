@@ -168,8 +168,11 @@ def cost(bed, out, seconds, log):
     db = sorted(h.agent_dbs.values())[0]
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     (newest,) = conn.execute("SELECT MAX(ts) FROM thread_time").fetchone()
+    # as the watch asks: the summaries since its last, the collective calls after the newest it holds
+    (held,) = conn.execute("SELECT MAX(seq) FROM events WHERE source = 'nccl' AND ts < ?",
+                           (newest - 1_000_000_000,)).fetchone()
     conn.close()
-    for name, fn in (("live_answer_ms_cpu", lambda: live_summary(db, newest - 2_000_000_000)),
+    for name, fn in (("live_answer_ms_cpu", lambda: live_summary(db, newest - 2_000_000_000, after_seq=held)),
                      ("metrics_render_ms_cpu", lambda: metrics.render(db, "n", at_ns=newest))):
         t0 = time.process_time()
         for _ in range(50):
