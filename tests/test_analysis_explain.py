@@ -411,27 +411,35 @@ def _store_of(path, rows):
 
 def test_kernel_sizes_are_read_from_a_bounded_sample_spread_over_the_whole_window(tmp_path):
     """A long trace keeps every launch (--record-all): explain sizes each rank's kernels from a bounded sample
-    (SIZE_PER_PIECE launches from each of SIZE_PIECES pieces of its window), taken across the window, not from
-    its start: a rank whose batches grow half-way sizes at the mean of both halves. Launches without their
-    dimensions count toward the bound but not as sized."""
+    (the first SIZE_PER_PIECE launches in time of each of SIZE_PIECES pieces of its window), taken across the
+    window, not from its start: a rank whose batches grow half-way sizes at the mean of both halves; launches
+    through both APIs (the runtime's and the driver's) count alike. Launches without their dimensions count
+    toward the bound but not as sized. A window of many segments is cut in no more pieces."""
     from straggler.analysis.explain import sql
     from straggler.analysis.explain.windows import Window
     rows, seq, n = [], 0, 20_000
-    for node, grids in (("a", (100, 300)), ("b", (100, 100))):
+    for node, grids in (("a", (100, 300)), ("b", (100, 100)), ("c", None)):
         for i in range(n):
             seq += 1
-            grid = grids[i >= n // 2] if i % 10 else 0          # one in ten without its dimensions
-            rows.append(dict(seq=seq, node=node, pid=7, tid=7, source="driver", op="cuLaunchKernel", ts=i * 1000,
-                             grid_x=grid, block_x=128))
+            if grids is None:                       # two APIs in turn: 300 on the runtime's, 100 on the driver's
+                source, op, grid = ("cuda", "cudaLaunchKernel", 300) if i % 2 else ("driver", "cuLaunchKernel", 100)
+            else:
+                source, op, grid = "driver", "cuLaunchKernel", (grids[i >= n // 2] if i % 10 else 0)
+            rows.append(dict(seq=seq, node=node, pid=7, tid=7, source=source, op=op, ts=i * 1000, grid_x=grid,
+                             block_x=128))
     db = str(tmp_path / "sizes.db")
     _store_of(db, rows)
-    windows = [Window(node, 7, (), ((0, n * 1000),)) for node in ("a", "b")]
+    windows = [Window(node, 7, (), ((0, n * 1000),)) for node in ("a", "b", "c")]
     got = {r["node"]: r for r in _rows(db, sql.launch_sizes(windows))}
     bound = sql.SIZE_PIECES * sql.SIZE_PER_PIECE
     for node in ("a", "b"):
-        assert got[node]["sized"] == bound * 9 // 10, got[node]        # bounded; the unsized ones not counted
+        assert 0.85 * bound < got[node]["sized"] < bound, got[node]      # bounded; the unsized ones not counted
+        assert got[node]["pieces"] == sql.SIZE_PIECES
     assert got["b"]["threads"] == 100 * 128 and got["b"]["threads_sq"] == (100 * 128) ** 2
     assert got["a"]["threads"] == 200 * 128                             # both halves, half each
+    assert got["c"]["sized"] == bound and got["c"]["threads"] == 200 * 128      # both APIs
+    many = Window("a", 7, (), tuple((k * 1000, k * 1000 + 500) for k in range(100)))    # 100 segments
+    assert len(sql._pieces([many], sql.SIZE_PIECES)) <= sql.SIZE_PIECES
 
 
 def test_the_bytes_of_collectives_count_only_calls_of_a_known_datatype(tmp_path):

@@ -187,6 +187,26 @@ def test_kernel_sizes_that_differ_within_their_sampling_or_from_few_launches_are
     assert model.work_ratio(("n4", 100), OTHERS, few).ratio == pytest.approx(1.0)
 
 
+def test_kernel_sizes_read_in_runs_are_judged_by_how_much_their_pieces_differ():
+    """explain reads launches in runs (sql.launch_sizes: the first of each piece of the window); with --record-all
+    one run may hold a step's small kernels and the next its large ones. 2,048 launches whose 32 pieces' means
+    spread 2x apart are far fewer independent draws than 2,048: a 10 % difference is within what the pieces
+    say, not bigger kernels; the same difference from pieces that agree is."""
+    def with_pieces(m, key, spread):
+        sized(m, key, 2048, m_mean[key], 1_000.0)
+        mean = m_mean[key]
+        m[key].update(pieces=32, piece_mean=mean, piece_mean_sq=mean * mean + (spread * mean) ** 2)
+        return m
+    for spread, bigger in ((0.5, False), (0.001, True)):
+        m = mix(20 * 50, 50)
+        m_mean = {k: 10_000.0 for k in OTHERS}
+        m_mean[("n4", 100)] = 11_000.0
+        for key in OTHERS + [("n4", 100)]:
+            with_pieces(m, key, spread)
+        work = model.work_ratio(("n4", 100), OTHERS, m)
+        assert (work.threads is not None) is bigger, (spread, work)
+
+
 def test_a_rank_calling_collectives_at_another_rate_is_not_in_lockstep():
     ranks = [healthy("n1"), healthy("n2"), healthy("n3"),
              rank("n4", thread(1, calls=150, sync_ns=0.2, coll_ns=0.05))]

@@ -84,7 +84,8 @@ class Context:
     baseline: dict = field(default_factory=dict)   # (node, pid) -> RankTime over its baseline
     ranks: list = field(default_factory=list)      # [RankTime] recent, in (node, rank, pid) order
     mix: dict = field(default_factory=dict)        # (node, pid) -> {"launches", "collectives"} over the recent part,
-                                                   # its kernels' size: {"sized", "threads", "threads_sq"}, and
+                                                   # its kernels' size: {"sized", "threads", "threads_sq",
+                                                   # "pieces", "piece_mean", "piece_mean_sq"}, and
                                                    # its recorded collectives: {"coll_calls", "coll_bytes"}
     mix_sql: str = None
     sizes_sql: str = None          # the ranks' kernel sizes (sql.launch_sizes)
@@ -745,7 +746,9 @@ def analyse(runner, opts, windows, span_rows, wait_def=None, expected_share=1.0,
             mix[(r["node"], int(r["pid"]))] = dict(launches=int(r["launches"] or 0), collectives=int(r["collectives"] or 0))
     for r in (runner.rows(sizes_sql) if sizes_sql and mix else []):
         if (r["node"], int(r["pid"])) in mix:
-            mix[(r["node"], int(r["pid"]))].update(sized=int(r["sized"]), threads=r["threads"], threads_sq=r["threads_sq"])
+            mix[(r["node"], int(r["pid"]))].update(sized=int(r["sized"]), threads=r["threads"], threads_sq=r["threads_sq"],
+                                                   pieces=r["pieces"], piece_mean=r["piece_mean"],
+                                                   piece_mean_sq=r["piece_mean_sq"])
     for r in coll_rows:
         m = mix.get((r["node"], int(r["pid"])))
         if m is not None and r["sized_calls"]:

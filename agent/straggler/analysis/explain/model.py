@@ -163,13 +163,20 @@ class Work:
 
 
 def _size(m):
-    """(mean, standard error of the mean, n) of a rank's recorded kernel sizes, or None (too few)."""
+    """(mean, standard error of the mean, n) of a rank's recorded kernel sizes, or None (too few). The error is
+    the larger of the launches' (as if each were drawn alone) and the pieces' (sql.launch_sizes reads launches
+    in runs: one piece may hold a step's small kernels, the next its large ones)."""
     n = int((m or {}).get("sized") or 0)
     if n < SIZE_MIN_LAUNCHES or not m.get("threads"):
         return None
     mean = float(m["threads"])
     var = max(0.0, float(m.get("threads_sq") or 0.0) - mean * mean)
-    return mean, (var / n) ** 0.5, n
+    se = (var / n) ** 0.5
+    pieces = int(m.get("pieces") or 0)
+    if pieces >= 2 and m.get("piece_mean") is not None and m.get("piece_mean_sq") is not None:
+        between = max(0.0, float(m["piece_mean_sq"]) - float(m["piece_mean"]) ** 2)
+        se = max(se, (between / (pieces - 1)) ** 0.5)
+    return mean, se, n
 
 
 def kernel_sizes(key, other_keys, mix):

@@ -4,7 +4,7 @@ same text runs on a merged cluster.db (once) or on every node's own store throug
 Values computed from earlier answers (each rank's windows, the straggler's pid) are written into
 the later queries as literals, so each finding's SQL reproduces its numbers as it stands.
 Nothing here decides anything (model.py does), and no decision reads an SQL string."""
-from ...probes.symbols import COLLECTIVE_OPS, LAUNCH_OPS, NCCL_DATATYPE_BYTES, NOT_FAILURES, SETUP_OK
+from ...probes.symbols import COLLECTIVE_OPS, LAUNCH_OPS, NCCL_DATATYPE_BYTES, NOT_FAILURES, OP_SOURCE, SETUP_OK
 from ...store.steptime import wait_share_sql
 from ...text import sql_literal as lit, sql_quote as q
 
@@ -176,48 +176,67 @@ GROUP BY a.node, a.pid, w.part
 ORDER BY a.node, a.pid, w.part"""
 
 
-SIZE_PIECES = 8             # a rank's kernels are sized from its recent part cut in this many pieces,
-SIZE_PER_PIECE = 250        # from the first this many recorded launches of each (2,000 at most)
+SIZE_PIECES = 32            # a rank's kernels are sized from its recent part cut in this many pieces,
+SIZE_PER_PIECE = 64         # from the first this many recorded launches of each in time (2,048 at most)
 
 
 def _pieces(windows, parts):
-    """Each rank's recent part cut in `parts` pieces of about equal time: (node, pid, lo, hi) rows."""
+    """Each rank's recent part cut in at most `parts` pieces of about equal time, each within one of its
+    segments (a piece that would cross into the next segment ends with its own): (node, pid, lo, hi) rows."""
     rows = []
     for w in sorted(windows):
-        total = sum(hi - lo for lo, hi in w.recent)
+        segments = [(lo, hi) for lo, hi in w.recent if hi > lo]
+        total = sum(hi - lo for lo, hi in segments)
         step = max(1, -(-total // parts))
-        for lo, hi in w.recent:
-            for a in range(lo, hi, step):
-                rows.append((w.node, w.pid, a, min(hi, a + step)))
+        at, i, done = 0, 0, 0        # the next piece's start, in time into the part; its segment; time before it
+        while at < total and i < len(segments):
+            lo, hi = segments[i]
+            if at >= done + (hi - lo):
+                done += hi - lo
+                i += 1
+                continue
+            start = lo + (at - done)
+            rows.append((w.node, w.pid, start, min(hi, start + step)))
+            at += step
     return rows
 
 
 def launch_sizes(windows):
     """The size of each rank's kernels in its recent part, from a bounded sample of its recorded launches (the
     agent records 1 in --sample, and the slow ones; a kernel's size does not make its launch call slow): the
-    first SIZE_PER_PIECE launches of each of SIZE_PIECES pieces of its time, so a long trace costs no more
-    than a short one; how many of them carry their dimensions, and the mean and mean square of their threads (grid x block,
-    as the launch arguments give them). A rank with a longer batch launches the same kernels on bigger grids."""
-    launches = ", ".join(q(op) for op in LAUNCH_OPS)
+    first SIZE_PER_PIECE launches in time of each of SIZE_PIECES pieces of its time, whatever their API, so a
+    long trace costs no more than a short one; how many of
+    them carry their dimensions, the mean and mean square of their threads (grid x block, as the launch
+    arguments give them), and, over the pieces that have some, how many and the mean and mean square of each
+    piece's mean (launches in a row are no independent draws: a piece may hold one part of a step). A rank
+    with a longer batch launches the same kernels on bigger grids."""
     threads = ("(CAST(e.grid_x AS REAL) * IFNULL(e.grid_y, 1) * IFNULL(e.grid_z, 1) * e.block_x * IFNULL(e.block_y, 1)"
                " * IFNULL(e.block_z, 1))")
+    # each launch API's first ones in time along the (source, op, ts) index, then the first of them all
+    per_op = "\n        UNION ALL\n".join(f"""        SELECT * FROM (
+          SELECT e.ts, CASE WHEN e.grid_x > 0 AND e.block_x > 0 THEN {threads} END AS t
+          FROM events e
+          WHERE e.source = {q(OP_SOURCE[op])} AND e.op = {q(op)} AND e.ts >= p.lo AND e.ts < p.hi
+            AND +e.node = p.node AND +e.pid = p.pid
+          ORDER BY e.ts
+          LIMIT {SIZE_PER_PIECE})""" for op in LAUNCH_OPS)
+    n, total, squares = (f"json_extract(part, '$[{i}]')" for i in range(3))
     return f"""
 WITH {values_cte("piece", ("node", "pid", "lo", "hi"), _pieces(windows, SIZE_PIECES))},
 sample AS MATERIALIZED (
   SELECT p.node, p.pid, (
     SELECT json_array(COUNT(t), SUM(t), SUM(t * t)) FROM (
-      SELECT CASE WHEN e.grid_x > 0 AND e.block_x > 0 THEN {threads} END AS t
-      FROM events e
-      WHERE e.source IN ('cuda', 'driver') AND e.op IN ({launches}) AND e.ts >= p.lo AND e.ts < p.hi
-        AND +e.node = p.node AND +e.pid = p.pid
+      SELECT t FROM (
+{per_op})
+      ORDER BY ts
       LIMIT {SIZE_PER_PIECE})) AS part
   FROM piece p)
-SELECT node, pid, SUM(json_extract(part, '$[0]')) AS sized,
-       SUM(json_extract(part, '$[1]')) / SUM(json_extract(part, '$[0]')) AS threads,
-       SUM(json_extract(part, '$[2]')) / SUM(json_extract(part, '$[0]')) AS threads_sq
+SELECT node, pid, SUM({n}) AS sized, SUM({total}) / SUM({n}) AS threads, SUM({squares}) / SUM({n}) AS threads_sq,
+       COUNT(NULLIF({n}, 0)) AS pieces, AVG(CAST({total} AS REAL) / NULLIF({n}, 0)) AS piece_mean,
+       AVG(CAST({total} AS REAL) / NULLIF({n}, 0) * {total} / NULLIF({n}, 0)) AS piece_mean_sq
 FROM sample
 GROUP BY node, pid
-HAVING SUM(json_extract(part, '$[0]')) > 0
+HAVING SUM({n}) > 0
 ORDER BY node, pid"""
 
 
