@@ -233,7 +233,7 @@ def test_watch_names_a_real_straggler_within_20s_and_reports_its_recovery(harnes
     """`straggler watch --json` beside the job (mutual TLS to the same agents, plus an address with no
     agent): the CPU hog started at T is named — its node, cpu-contention — after T and before T + 20 s,
     the dead address is reported, and the hog's removal is reported as a recovery while the job runs on, with
-    what the episode cost the job over the watch's window."""
+    what the episode cost the job over the time the watch held."""
     dead_ip = next(iter(harness.bed.dead.values()))
     nodes = harness.api_nodes + [f"{dead_ip}:7433"]
     client = harness.api_client
@@ -261,7 +261,7 @@ def test_watch_names_a_real_straggler_within_20s_and_reports_its_recovery(harnes
     recovered = [e for e in events if e["event"] == "recovered" and e["mono_ns"] > first["mono_ns"]]
     assert recovered and recovered[0]["node"] == case.node, text
     assert case.t_fault_end_ns < recovered[0]["mono_ns"] < case.t_end_ns, text   # while the job ran on
-    # what the episode cost the job over the watch's window, from the collective calls the agents serve live
+    # what the episode cost the job over the time the watch holds, from the collective calls the agents serve live
     window = recovered[0]["window"]
     assert window["measured"], text
     (part,) = [p for p in window["parts"] if p["node"] == case.node]

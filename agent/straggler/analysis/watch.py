@@ -20,11 +20,12 @@ It prints a line only when the verdict changes (Tracker):
                 be a new episode (explain's `may_resume`; a fault that comes and goes, or quiets for a few
                 seconds, stays one episode through its off-phases) or HOLD_TICKS polls passed, or the job's
                 ranks are gone
-  imbalance     the job loses a share of its time (explain's imbalance finding over the window) to a slowest
+  imbalance     the job loses a share of its time (explain's imbalance finding over the time held) to a slowest
                 rank that moves from rank to rank: no node's fault, and no straggler named (CONFIRM_TICKS)
   balanced      it no longer does (CLEAR_TICKS)
   lost / back   a node stops answering / answers again (the watch goes on with the others)
-Each verdict event, and the watch's end, carries `window`: the job's time lost over the window at its sync
+Each verdict event, and the watch's end, carries `window`: the job's time lost over the time the watch holds
+(its last --baseline + --window seconds) at its sync
 points, split by what lost it (explain's what-if, from the collective calls the agents record), measured
 every WHATIF_EVERY_S.
 The faces (straggler.cli.watch: text lines for people, JSON lines for machines, --exec hooks; the
@@ -53,7 +54,8 @@ CLEAR_TICKS = 3              # recovered after this many polls in a row without 
 HOLD_TICKS = 8               # ... once its episode is closed, or after this many however it reads (a rank still a
                              # little the slowest after its fault ended keeps the segmentation's edge open long)
 STALE_S = 4.0                # a rank whose newest summary is this much older than its node's newest is gone
-WHATIF_EVERY_S = 5.0         # the job's time lost over the window is measured this often (it lines up every
+MAX_HELD_CALLS = 100_000     # collective calls a node's feed holds at most (the newest)
+WHATIF_EVERY_S = 5.0         # the job's time lost over the time held is measured this often (it lines up every
                              # collective call of the window: ten times a verdict's cost)
 SETTLE_S = 10.0              # a rank is judged once it has run the window + this long (a job's start is no onset)
 EXIT_STRAGGLER = 1
@@ -118,10 +120,15 @@ class NodeFeed:
         for r in answer.get("net_samples") or []:
             d = dict(zip(cols["net_samples"], r))
             self.net_samples[(d["ts"], d.get("iface"))] = r
+        high = answer.get("seq_high")
+        if self.after_seq is not None and type(high) is int and high < self.after_seq:
+            self.collectives, self.after_seq = {}, None      # a new store: its seqs begin again
         for r in answer.get("collectives") or []:
             seq = dict(zip(cols["collectives"], r))["seq"]
             self.collectives[seq] = r
             self.after_seq = seq if self.after_seq is None else max(self.after_seq, seq)
+        if not cols.get("collectives"):
+            self.collectives, self.after_seq = {}, None      # an older agent now: it sends none
         for r in answer.get("aggregates") or []:
             d = dict(zip(cols["aggregates"], r))
             self.aggregates[(d["ts"], d.get("pid"), d.get("source"), d.get("op"))] = r
@@ -149,7 +156,8 @@ class NodeFeed:
         self.aggregates = {k: v for k, v in self.aggregates.items() if k[0] >= cut}
         if self.collectives:
             at = self.columns["collectives"].index("ts")
-            self.collectives = {k: v for k, v in self.collectives.items() if v[at] >= cut}
+            kept = sorted(((v[at], k) for k, v in self.collectives.items() if v[at] >= cut))[-MAX_HELD_CALLS:]
+            self.collectives = {k: self.collectives[k] for _, k in kept}
         exited = self.columns["processes"].index("exited")
         self.processes = {pid: r for pid, r in self.processes.items() if r[exited] is None or r[exited] >= cut}
 
@@ -283,31 +291,54 @@ class LiveVerdict:
     lost_s: float = None             # the job's time lost to its episode so far (explain's: its slowdown over
     slowdown: float = None           # its bins), None when not measured (all along)
     ranks: int = 0
-    whatif: dict = None              # the job's time lost over the watch's window at its sync points, split by what
+    whatif: dict = None              # the job's time lost over the time the watch holds at its sync points, by what
                                      # lost it (explain's what-if; not measured, and why, where it could not be)
-    imbalance: str = None            # explain's imbalance finding over the window (its summary), if any
+    imbalance: str = None            # explain's imbalance finding over that time (its summary), if any
     may_resume: frozenset = frozenset()   # nodes whose episode ended so lately it may still resume
     report: object = None
 
 
-def evaluate(feeds, window_s, baseline_s, min_gap=None, calls=False):
-    """Run explain over the feeds' rows (its episodes in time) -> LiveVerdict: the straggler of the
-    episode still going at the newest data, if any. calls: with the collective calls and the calls' counts
-    too (build_store), for the what-if (WHATIF_EVERY_S)."""
+@dataclass
+class Snapshot:
+    """The feeds' rows at one poll, in a store of their own (taken under the feeds' lock; judged after it)."""
+    conn: object
+    missing: dict
+    answered: dict
+
+
+def snapshot(feeds, window_s, calls=False):
+    """The feeds' rows now (build_store) and who answered. calls: with the collective calls and the calls'
+    counts too, for the what-if (WHATIF_EVERY_S)."""
+    missing = {f.node or f.address: dict(node=f.node or f.address, status=f.status, message=f.message,
+                                         address=f.address)
+               for f in feeds if f.status not in ANSWERED}
+    answered = {f.node: f.status for f in feeds if f.node and f.status in ANSWERED}
+    return Snapshot(build_store(feeds, int((window_s + SETTLE_S) * 1e9), calls=calls), missing, answered)
+
+
+def judge(snap, min_gap=None):
+    """Run explain over a snapshot (its episodes in time) -> LiveVerdict: the straggler of the episode still
+    going at the newest data, if any. Closes the snapshot's store."""
     from . import explain
-    conn = build_store(feeds, int((window_s + SETTLE_S) * 1e9), calls=calls)
     try:
-        missing = {f.node or f.address: dict(node=f.node or f.address, status=f.status, message=f.message,
-                                             address=f.address)
-                   for f in feeds if f.status not in ANSWERED}
-        answered = {f.node: f.status for f in feeds if f.node and f.status in ANSWERED}
         opts = dict(min_calls=10, timeout_s=10.0)
         if min_gap is not None:
             opts["min_gap"] = min_gap
-        report = explain.explain_connection(conn, "live watch", missing=missing, answered=answered, **opts)
+        report = explain.explain_connection(snap.conn, "live watch", missing=snap.missing, answered=snap.answered,
+                                            **opts)
         return verdict_of(report)
     finally:
-        conn.close()
+        snap.conn.close()
+
+
+def measure_window(snap, min_gap=None):
+    """The what-if over a snapshot with the calls -> (window_lost dict, the imbalance finding's summary or None);
+    a failure is a what-if not measured, and why (the verdicts go on without it)."""
+    try:
+        measured = judge(snap, min_gap=min_gap)
+    except Exception as exc:       # (a node's odd rows must not stop the watch)
+        return {"measured": False, "why": f"the calls could not be read: {one_line(exc)}"}, None
+    return measured.whatif, measured.imbalance
 
 
 def verdict_of(report):
@@ -364,7 +395,7 @@ class Tracker:
         self.last = None           # the last poll's verdict
 
     def imbalance(self, v, now_mono_ns=None):
-        """The job's own loss, no node's: explain's imbalance finding over the window (the slowest rank moving
+        """The job's own loss, no node's: explain's imbalance finding over the time held (the slowest rank moving
         from rank to rank), in CONFIRM_TICKS measures in a row (one every WHATIF_EVERY_S) -> an "imbalance"
         event; gone for CLEAR_TICKS -> "balanced". A measure that could not be made changes nothing."""
         now = now_mono_ns or time.monotonic_ns()
@@ -542,12 +573,14 @@ def watch(nodes, tls, interval_s=DEFAULT_INTERVAL_S, window_s=DEFAULT_WINDOW_S, 
                 for e in tracker.nodes(feeds):
                     emit(e)
                 ever_answered = ever_answered or any(f.status in ANSWERED for f in feeds)
-                verdict = evaluate(feeds, window_s, baseline_s, min_gap=min_gap)
+                snap = snapshot(feeds, window_s)
                 fresh = time.monotonic() >= next_whatif
                 if fresh:
                     next_whatif = time.monotonic() + WHATIF_EVERY_S
-                    measured = evaluate(feeds, window_s, baseline_s, min_gap=min_gap, calls=True)
-                    window = (measured.whatif, measured.imbalance)
+                    with_calls = snapshot(feeds, window_s, calls=True)
+            verdict = judge(snap, min_gap=min_gap)          # (the pollers go on meanwhile)
+            if fresh:
+                window = measure_window(with_calls, min_gap=min_gap)
             verdict.whatif, verdict.imbalance = window
             if on_tick:
                 on_tick(verdict, feeds)

@@ -13,7 +13,7 @@ This module must not judge the rows (analysis/watch.py does) and must not render
 """
 import time
 
-from ..store.live import MAX_AGGREGATE_ROWS, MAX_BLOCK_ROWS, MAX_COLLECTIVE_ROWS, MAX_NET_ROWS, MAX_THREAD_ROWS
+from ..store.live import INT64, MAX_AGGREGATE_ROWS, MAX_BLOCK_ROWS, MAX_COLLECTIVE_ROWS, MAX_NET_ROWS, MAX_THREAD_ROWS
 from ..text import one_line
 from ..tls import TLSOptions, client_context
 from .client import (DEFAULT_MAX_ROW_BYTES, AnswerCaps, NodeStatus, _Connection, _NodeFailure, _request, check_caps,
@@ -34,7 +34,8 @@ LIVE_INTEGERS = {"thread_time": ("ts", "interval_ns", "pid", "tid"), "block": ("
 
 def checked_live(address, answer):
     """A live answer's tables as the watch reads them: `columns` a mapping of each table to its column
-    names, every row as long as its table's columns, the LIVE_INTEGERS columns integers; else _NodeFailure
+    names, every row as long as its table's columns, the LIVE_INTEGERS columns integers, every integer within
+    SQLite's 64 bits (the watch puts the rows into a store); else _NodeFailure
     sql-error (one bad row from a node stops the watch on nothing)."""
     columns = answer.get("columns")
     if not isinstance(columns, dict):
@@ -49,9 +50,11 @@ def checked_live(address, answer):
             raise _NodeFailure("sql-error", f"{address} answered /live with malformed {table} columns")
         at = [cols.index(name) for name in names]
         for row in rows:
-            if len(row) != len(cols) or any(type(row[i]) is not int for i in at):
+            if len(row) != len(cols) or any(type(row[i]) is not int for i in at) or \
+                    any(type(v) is int and not INT64[0] <= v <= INT64[1] for v in row):
                 raise _NodeFailure("sql-error", f"{address} answered /live with a malformed {table} row (a row of "
-                                                f"{len(cols)} values, {', '.join(names)} integers expected)")
+                                                f"{len(cols)} values, {', '.join(names)} integers expected, every "
+                                                f"integer within 64 bits)")
 
 
 def live_caps(max_bytes=DEFAULT_MAX_LIVE_BYTES, max_row_bytes=DEFAULT_MAX_ROW_BYTES):

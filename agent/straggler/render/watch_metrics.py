@@ -1,6 +1,7 @@
 """The live watch's verdict as Prometheus metrics (`straggler watch --metrics-listen`): the straggle
 episode going on now — its node, rank and cause, when it began, whether it comes and goes — the job's
-time lost over the window, split by what lost it (each episode, imbalance), and the nodes answering. A node's own /metrics cannot say this (it takes every node's data to name a straggler);
+time lost over the time the watch holds, split by what lost it (each episode, imbalance), and the nodes
+answering. A node's own /metrics cannot say this (it takes every node's data to name a straggler);
 the watch can. Rendering only: the state comes from the watch's events and polls."""
 import threading
 import time
@@ -21,7 +22,7 @@ class WatchState:
         self.polls = 0
         self.lost_now = None         # the job's time lost to the episode going on, so far (its last poll)
         self.lost_ended = 0.0        # ... and to the episodes that ended
-        self.window = None           # the job's time lost over the window, split by what lost it (the last poll's)
+        self.window = None           # the job's time lost over the time held, by what lost it (the last measure's)
 
     def on_event(self, e):
         with self.lock:
@@ -115,16 +116,18 @@ class WatchCollector:
 
 
 def _window_families(w):
-    """The job's time lost over the watch's window at its sync points (explain's what-if): in all, as a share of
+    """The job's time lost over the time the watch holds (its last --baseline + --window seconds) at its sync
+    points (explain's what-if): in all, as a share of
     the window, and split by what lost it — each node's episode or pauses, and imbalance that moves between
     ranks (with jitter); absent where it was not measured."""
     from prometheus_client.core import GaugeMetricFamily
     span = GaugeMetricFamily("straggler_window_span_seconds",
-                             "The span of the window the job's time lost is measured over (its first to last sync point)")
+                             "The span of the time the watch holds (its last --baseline + --window seconds) over which the job's "
+                             "time lost is measured: its first to last sync point")
     ratio = GaugeMetricFamily("straggler_window_time_lost_ratio",
-                              "Share of the window the job lost waiting for its slowest rank at its sync points")
+                              "Share of that span the job lost waiting for its slowest rank at its sync points")
     lost = GaugeMetricFamily("straggler_window_time_lost_seconds",
-                             "The job's time lost over the window, by what lost it (what: episode, pauses or imbalance; "
+                             "The job's time lost over that span, by what lost it (what: episode, pauses or imbalance; "
                              "node: the episode's, empty for imbalance)", labels=["what", "node"])
     if w and w.get("measured"):
         span.add_metric([], float(w["span_s"]))

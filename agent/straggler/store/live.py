@@ -46,12 +46,15 @@ MAX_NET_ROWS = 10_000
 # call, the communicator it was on; and the kernel's counts of every traced call (is every collective
 # recorded? how many kernels per collective?). Both are read from LATE_NS before `since`: a call is written
 # when it returns, an interval's counts when it ends. The calls the watch holds already are left out by their
-# seq (?after_seq=: seqs grow in the order rows are written); the counts come again (the watch keys them)
+# seq (?after_seq=: seqs grow in the order rows are written; `seq_high`, the highest the node ever wrote, tells
+# a watch that the store was replaced); the counts come again (the watch keys them)
 COLLECTIVE_COLUMNS = ("node", "seq", "ts", "duration", "pid", "tid", "rank", "op", "communicator")
 AGGREGATE_COLUMNS = ("node", "ts", "interval_ns", "pid", "rank", "source", "op", "count", "sum_ns", "max_ns")
 MAX_COLLECTIVE_ROWS = 20_000
 MAX_AGGREGATE_ROWS = 20_000
-LATE_NS = 5_000_000_000
+LATE_NS = 5_000_000_000                     # (a call longer than this that returns after the watch's last poll
+                                            # is not sent: explain on the store sees it)
+MAX_AGGREGATE_INTERVAL_NS = 60_000_000_000  # the longest interval the agent counts calls over (--interval)
 
 
 def _rows(conn, sql, params):
@@ -122,16 +125,25 @@ def live_summary(db_path, since_ns=None, timeout_s=DEFAULT_TIMEOUT_S, after_seq=
         lost = _rows(conn, f"SELECT {', '.join(LOST_COLUMNS)} FROM lost_events WHERE ts + interval_ns >= ? "
                            f"ORDER BY ts LIMIT 1000", (since_ns,))
         late = max(INT64[0], since_ns - LATE_NS)
+        # in seq order, so that an answer cut at its cap is the part the next one continues from; the first
+        # answer (no after_seq) the newest ones
         colls = _rows(conn, f"""
             SELECT node, seq, ts, duration, pid, tid, rank, op, json_extract(detail, '$.comm') AS communicator
             FROM events
             WHERE source = 'nccl' AND op IN ({', '.join('?' * len(COLLECTIVE_OPS))}) AND ts >= ? AND seq > ?
-            ORDER BY ts
+            ORDER BY seq {'DESC' if after_seq is None else ''}
             LIMIT ?""", (*COLLECTIVE_OPS, late, INT64[0] if after_seq is None else after_seq, MAX_COLLECTIVE_ROWS + 1))
         truncated = truncated or len(colls) > MAX_COLLECTIVE_ROWS
         colls = colls[:MAX_COLLECTIVE_ROWS]
-        aggs = _rows(conn, f"SELECT {', '.join(AGGREGATE_COLUMNS)} FROM aggregates WHERE ts >= ? "
-                           f"AND source IN ('cuda', 'driver', 'nccl') ORDER BY ts LIMIT ?", (late, MAX_AGGREGATE_ROWS))
+        if after_seq is None:
+            colls.reverse()
+        # the counts of an interval are written when it ends: every interval that ends after `late`
+        aggs = _rows(conn, f"SELECT {', '.join(AGGREGATE_COLUMNS)} FROM aggregates WHERE ts >= ? AND ts + interval_ns >= ? "
+                           f"AND source IN ('cuda', 'driver', 'nccl') ORDER BY ts LIMIT ?",
+                     (max(INT64[0], late - MAX_AGGREGATE_INTERVAL_NS), late, MAX_AGGREGATE_ROWS + 1))
+        truncated = truncated or len(aggs) > MAX_AGGREGATE_ROWS
+        aggs = aggs[:MAX_AGGREGATE_ROWS]
+        seq_high = conn.execute("SELECT value FROM meta WHERE key = 'seq_high'").fetchone()
         flows = samples = []
         if _has_tables(conn, "net_flows", "net_samples"):
             flows = _rows(conn, f"SELECT {', '.join(NET_FLOW_COLUMNS)} FROM net_flows WHERE ts >= ? ORDER BY ts "
@@ -143,7 +155,15 @@ def live_summary(db_path, since_ns=None, timeout_s=DEFAULT_TIMEOUT_S, after_seq=
                         "net_flows": list(NET_FLOW_COLUMNS), "net_samples": list(NET_SAMPLE_COLUMNS),
                         "collectives": list(COLLECTIVE_COLUMNS), "aggregates": list(AGGREGATE_COLUMNS)},
             "thread_time": threads, "block": block, "processes": processes, "lost": lost, "net_flows": flows,
-            "net_samples": samples, "collectives": colls, "aggregates": aggs, "since_ns": since_ns, "latest_ns": newest, "truncated": truncated}
+            "net_samples": samples, "collectives": colls, "aggregates": aggs, "since_ns": since_ns, "latest_ns": newest,
+            "seq_high": _int_or_none(seq_high[0] if seq_high else None), "truncated": truncated}
+
+
+def _int_or_none(value):
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _has_tables(conn, *names):

@@ -153,7 +153,8 @@ events:
   elements: dict
 time_lost:
   description:
-    - The job's time lost over the watch's last window at its sync points, split by what lost it (explain's
+    - The job's time lost over the last time the watch held (its last O(baseline) + O(window) seconds) at its
+      sync points, split by what lost it (explain's
       what-if, from the collective calls the agents record), or null before the first verdict.
     - Keys measured; when measured, span_s, sync_points, lost_s, lost_ratio, parts (each node's episode or pauses,
       with what, node, lost_s) and imbalance (lost_s, sync_points, slowest); when not, why.
