@@ -414,7 +414,8 @@ def test_kernel_sizes_are_read_from_a_bounded_sample_spread_over_the_whole_windo
     (the first SIZE_PER_PIECE launches in time of each of SIZE_PIECES pieces of its window), taken across the
     window, not from its start: a rank whose batches grow half-way sizes at the mean of both halves; launches
     through both APIs (the runtime's and the driver's) count alike. Launches without their dimensions count
-    toward the bound but not as sized. A window of many segments is cut in no more pieces."""
+    toward the bound but not as sized. A window of many segments is cut in no more pieces, and a short one
+    of few is sampled too."""
     from straggler.analysis.explain import sql
     from straggler.analysis.explain.windows import Window
     rows, seq, n = [], 0, 20_000
@@ -440,6 +441,9 @@ def test_kernel_sizes_are_read_from_a_bounded_sample_spread_over_the_whole_windo
     assert got["c"]["sized"] == bound and got["c"]["threads"] == 200 * 128      # both APIs
     many = Window("a", 7, (), tuple((k * 1000, k * 1000 + 500) for k in range(100)))    # 100 segments
     assert len(sql._pieces([many], sql.SIZE_PIECES)) <= sql.SIZE_PIECES
+    # a short on-phase (the last, and latest) is sampled too, while there are pieces enough for every segment
+    pieces = sql._pieces([Window("a", 7, (), ((0, 100), (200, 205)))], 4)
+    assert len(pieces) <= 4 and (200, 205) in [(lo, hi) for _, _, lo, hi in pieces]
 
 
 def test_the_bytes_of_collectives_count_only_calls_of_a_known_datatype(tmp_path):

@@ -587,42 +587,53 @@ def test_the_watchs_metrics_and_its_end_say_what_the_job_lost_over_the_window():
                          text_string_to_metric_families)
     assert families["straggler_window_time_lost_seconds"] == [] and families["straggler_window_time_lost_ratio"] == []
     end = format_event(dict(event="end", reason="stopped", time="", window=_lost(imbalance_s=2.5, episode="gpu-node-02")))
-    assert "over the last minute watched, time lost: 6.5 s of 50 s (13%)" in end and "gpu-node-02 (its episode) 4 s" in end
+    assert "over the time the watch held, time lost: 6.5 s of 50 s (13%)" in end and "gpu-node-02 (its episode) 4 s" in end
 
 
 def test_calls_travel_once_in_the_order_they_were_written_whatever_the_caps_and_the_store(tmp_path, monkeypatch):
-    """Calls are written when they return, not in the order they began: an answer cut at its cap is the part
-    (by seq) the next poll continues from, so none is lost; the first answer holds the newest. Counts of an
-    interval longer than the late margin still come. A store replaced under the agent (its seqs begin again)
-    and an older agent (no calls) reset the watch's cursor instead of stalling it."""
+    """Calls are written when they return, not in the order they began: a watch holding the calls up to a seq
+    gets every later one once, across answers cut at their cap (each continues where the last was cut). A
+    first answer cut at its cap holds the newest, and the watch then compares the calls with the counts only
+    from where its calls are complete. Counts of an interval longer than the late margin still come. A store
+    replaced under the agent (its seqs begin again) and an older agent (no calls) reset the watch's cursor
+    instead of stalling it; a seq_high missing or not a number does not."""
     import sqlite3
     from straggler.store import live
     db = str(tmp_path / "node.db")
     # 12 calls, written (seq) in another order than they began (ts): a long one began first, returned last
     order = [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1]
-    _sync_store(db, "n", [(seq, 10**9 + k * 10**8) for seq, k in zip(range(1, 13), order)])
+    _sync_store(db, "n", [(seq, 36 * 10**9 + k * 10**8) for seq, k in zip(range(1, 13), order)])
     conn = sqlite3.connect(db)
     conn.execute("INSERT INTO aggregates(node, ts, interval_ns, pid, rank, source, op, count, sum_ns, max_ns) "
-                 "VALUES ('n', 0, 30000000000, 7, 0, 'nccl', 'ncclAllReduce', 12, 0, 0)")       # a 30-s interval
+                 "VALUES ('n', 10000000000, 30000000000, 7, 0, 'nccl', 'ncclAllReduce', 12, 0, 0)")   # 10 s to 40 s
     conn.execute("INSERT INTO meta(key, value) VALUES ('seq_high', '12')")
     conn.commit()
     conn.close()
+    since = 40 * 10**9                                        # the calls from 35 s on; that interval ends at 40 s
     monkeypatch.setattr(live, "MAX_COLLECTIVE_ROWS", 5)
-    first = live.live_summary(db, since_ns=2 * 10**9)
-    seqs = [r[1] for r in first["collectives"]]
-    assert seqs == [8, 9, 10, 11, 12] and first["truncated"] and first["seq_high"] == 12      # the newest
+    monkeypatch.setattr(watch, "MAX_COLLECTIVE_ROWS", 5)
+    first = live.live_summary(db, since_ns=since)
+    assert [r[1] for r in first["collectives"]] == [8, 9, 10, 11, 12] and first["truncated"]      # the newest
+    assert first["seq_high"] == 12
+    assert [r[1] for r in first["aggregates"]] == [10 * 10**9], "an interval that ends after the margin comes"
     got, cursor = [], 0
     for _ in range(4):
-        answer = live.live_summary(db, since_ns=2 * 10**9, after_seq=cursor)
+        answer = live.live_summary(db, since_ns=since, after_seq=cursor)
         got += [r[1] for r in answer["collectives"]]
         cursor = max(got, default=cursor)
     assert got == list(range(1, 13)), got                    # each once, none lost at the cap
-    assert any(r[2] == 30 * 10**9 for r in first["aggregates"]), "an interval that ends after `since` comes"
 
     feed = watch.NodeFeed(address="127.0.0.1:1")
     status = SimpleNamespace(status="ok", message="", node="n")
     feed.apply(status, dict(first, node="n", thread_time=[]), None, 60 * 10**9)
     assert feed.after_seq == 12 and len(feed.collectives) == 5
+    store = watch.build_store([feed], calls=True)
+    assert store.execute("SELECT COUNT(*) FROM events").fetchone() == (5,)
+    assert store.execute("SELECT COUNT(*) FROM aggregates").fetchone() == (0,), \
+        "counts from before the calls held are complete are not compared with them"
+    for high in (None, "3"):
+        feed.apply(status, dict(first, node="n", thread_time=[], collectives=[], seq_high=high), None, 60 * 10**9)
+        assert feed.after_seq == 12
     feed.apply(status, dict(first, node="n", thread_time=[], collectives=[], seq_high=3), None, 60 * 10**9)
     assert feed.after_seq is None and feed.collectives == {}, "a new store: the cursor begins again"
     feed.apply(status, dict(first, node="n", thread_time=[]), None, 60 * 10**9)
@@ -644,3 +655,7 @@ def test_a_live_answer_with_an_integer_sqlite_cannot_hold_is_refused():
         with pytest.raises(_NodeFailure) as refused:
             checked_live("10.0.0.9:7433", {"columns": cols, "collectives": [row]})
         assert refused.value.status == "sql-error" and "within 64 bits" in refused.value.message
+    for key in ("monotonic_ns", "realtime_ns", "seq_high"):          # the answer's own numbers too
+        with pytest.raises(_NodeFailure) as refused:
+            checked_live("10.0.0.9:7433", {"columns": cols, "collectives": [], key: 2**70})
+        assert refused.value.status == "sql-error" and key in refused.value.message

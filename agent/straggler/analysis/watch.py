@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from ..errors import UsageError
 from ..text import one_line
 from ..fleet.client import ANSWERED
-from ..store.live import AGGREGATE_COLUMNS, NET_FLOW_COLUMNS, NET_SAMPLE_COLUMNS
+from ..store.live import AGGREGATE_COLUMNS, MAX_COLLECTIVE_ROWS, NET_FLOW_COLUMNS, NET_SAMPLE_COLUMNS
 
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_WINDOW_S = 8.0       # a rank is judged once it has run this long (plus SETTLE_S) ...
@@ -86,6 +86,7 @@ class NodeFeed:
     net_samples: dict = field(default_factory=dict)   # (ts, iface) -> row
     collectives: dict = field(default_factory=dict)   # seq -> row
     after_seq: int = None                             # the highest seq of them: the next poll asks for the calls after
+    calls_from_ns: int = None                         # the calls are complete from here on (an answer cut at its cap)
     aggregates: dict = field(default_factory=dict)    # (ts, pid, source, op) -> row (an interval's counts, twice)
     columns: dict = None
 
@@ -123,10 +124,17 @@ class NodeFeed:
         high = answer.get("seq_high")
         if self.after_seq is not None and type(high) is int and high < self.after_seq:
             self.collectives, self.after_seq = {}, None      # a new store: its seqs begin again
-        for r in answer.get("collectives") or []:
+        calls = answer.get("collectives") or []
+        first = self.after_seq is None
+        for r in calls:
             seq = dict(zip(cols["collectives"], r))["seq"]
             self.collectives[seq] = r
             self.after_seq = seq if self.after_seq is None else max(self.after_seq, seq)
+        if calls and answer.get("truncated") and len(calls) >= MAX_COLLECTIVE_ROWS:
+            # cut at its cap: a first answer holds the newest calls, a later one the oldest of a backlog the
+            # next ones may not reach (they ask from a little before `since`): the calls are complete from here
+            at = cols["collectives"].index("ts")
+            self.calls_from_ns = min(r[at] for r in calls) if first else max(r[at] for r in calls)
         if not cols.get("collectives"):
             self.collectives, self.after_seq = {}, None      # an older agent now: it sends none
         for r in answer.get("aggregates") or []:
@@ -249,9 +257,12 @@ def build_store(feeds, min_span_ns=0, calls=False):
                              [[feed.node] + [d.get(c) for c in use] for d in (dict(zip(names, r)) for r in rows)])
         # the job's sync points (its collective calls, each on its communicator) and the kernel's counts of
         # its calls (an older agent sends neither: then the what-if says why it was not measured)
+        # (where an answer was cut, the counts too begin where the calls are complete: explain compares them)
+        complete = feed.calls_from_ns if feed.calls_from_ns is not None else -(1 << 63)
         names = cols.get("collectives")
         if calls and names and feed.collectives:
-            rows = [d for d in (dict(zip(names, r)) for r in feed.collectives.values()) if isinstance(d.get("op"), str)]
+            rows = [d for d in (dict(zip(names, r)) for r in feed.collectives.values())
+                    if isinstance(d.get("op"), str) and d["ts"] >= complete]
             conn.executemany("INSERT INTO events(seq, node, source, op, ts, duration, pid, tid, rank, detail) "
                              "VALUES (?, ?, 'nccl', ?, ?, ?, ?, ?, ?, json_object('comm', ?))",
                              [(d["seq"], feed.node, d.get("op"), d["ts"], d.get("duration") or 0, d.get("pid"),
@@ -263,7 +274,8 @@ def build_store(feeds, min_span_ns=0, calls=False):
                 conn.executemany(f"INSERT INTO aggregates(node, {', '.join(use)}) VALUES ({', '.join('?' * (len(use) + 1))})",
                                  [[feed.node] + [d.get(c) for c in use]
                                   for d in (dict(zip(names, r)) for r in feed.aggregates.values())
-                                  if all(d.get(c) is not None for c in ("source", "op", "count", "sum_ns", "max_ns"))])
+                                  if all(d.get(c) is not None for c in ("source", "op", "count", "sum_ns", "max_ns"))
+                                  and d["ts"] >= complete])
         lcols = cols["lost"]
         conn.executemany("INSERT INTO lost_events(node, probe, ts, interval_ns, count) VALUES (?,?,?,?,?)",
                          [(feed.node,) + tuple(dict(zip(lcols, r))[c] for c in ("probe", "ts", "interval_ns", "count"))
@@ -577,9 +589,13 @@ def watch(nodes, tls, interval_s=DEFAULT_INTERVAL_S, window_s=DEFAULT_WINDOW_S, 
                 fresh = time.monotonic() >= next_whatif
                 if fresh:
                     next_whatif = time.monotonic() + WHATIF_EVERY_S
-                    with_calls = snapshot(feeds, window_s, calls=True)
+                    try:
+                        with_calls = snapshot(feeds, window_s, calls=True)
+                    except Exception as exc:       # (a node's odd rows must not stop the watch)
+                        with_calls, window = None, ({"measured": False, "why": f"the calls could not be read: "
+                                                                              f"{one_line(exc)}"}, None)
             verdict = judge(snap, min_gap=min_gap)          # (the pollers go on meanwhile)
-            if fresh:
+            if fresh and with_calls is not None:
                 window = measure_window(with_calls, min_gap=min_gap)
             verdict.whatif, verdict.imbalance = window
             if on_tick:

@@ -32,6 +32,10 @@ LIVE_INTEGERS = {"thread_time": ("ts", "interval_ns", "pid", "tid"), "block": ("
                  "collectives": ("seq", "ts"), "aggregates": ("ts", "interval_ns")}
 
 
+# the answer's own numbers the watch keeps (the node's clock pair, where its rows end, its highest seq)
+LIVE_NUMBERS = ("monotonic_ns", "realtime_ns", "latest_ns", "since_ns", "seq_high")
+
+
 def checked_live(address, answer):
     """A live answer's tables as the watch reads them: `columns` a mapping of each table to its column
     names, every row as long as its table's columns, the LIVE_INTEGERS columns integers, every integer within
@@ -40,6 +44,11 @@ def checked_live(address, answer):
     columns = answer.get("columns")
     if not isinstance(columns, dict):
         raise _NodeFailure("sql-error", f"{address} answered /live without its columns; is it a straggler agent?")
+    for key in LIVE_NUMBERS:
+        value = answer.get(key)
+        if value is not None and (type(value) is not int or not INT64[0] <= value <= INT64[1]):
+            raise _NodeFailure("sql-error", f"{address} answered /live with a malformed {key} (an integer within "
+                                            f"64 bits expected)")
     for table, names in LIVE_INTEGERS.items():
         rows = answer.get(table) or []
         cols = columns.get(table)

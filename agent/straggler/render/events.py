@@ -41,5 +41,5 @@ def _event_lines(e):
         return [f"{t} BALANCED: the job no longer loses its time to imbalance (it did for {e['lasted_s']:g} s)"]
     if kind == "end":
         return ([f"{t} watch ended: {e['reason']}" + (f" (straggler: {e['straggler']})" if e.get("straggler") else "")]
-                + [f"over the last minute watched, {line}" for line in whatif_text(e.get("window"))])
+                + [f"over the time the watch held, {line}" for line in whatif_text(e.get("window"))])
     return [f"{t} {json.dumps(e, default=str)}"]

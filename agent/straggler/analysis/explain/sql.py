@@ -181,12 +181,25 @@ SIZE_PER_PIECE = 64         # from the first this many recorded launches of each
 
 
 def _pieces(windows, parts):
-    """Each rank's recent part cut in at most `parts` pieces of about equal time, each within one of its
-    segments (a piece that would cross into the next segment ends with its own): (node, pid, lo, hi) rows."""
+    """Each rank's recent part cut in at most `parts` pieces of about equal time, each within one segment:
+    every segment gets one at least while there are no more segments than pieces (an on-phase of a fault
+    that comes and goes is sampled, however short), the rest by their length; with more segments than
+    pieces, pieces are spread over the part's time. (node, pid, lo, hi) rows."""
     rows = []
     for w in sorted(windows):
         segments = [(lo, hi) for lo, hi in w.recent if hi > lo]
         total = sum(hi - lo for lo, hi in segments)
+        if not segments:
+            continue
+        if len(segments) <= parts:
+            counts = [max(1, round(parts * (hi - lo) / total)) for lo, hi in segments]
+            while sum(counts) > parts:
+                i = max(range(len(counts)), key=lambda k: counts[k])
+                counts[i] -= 1
+            for (lo, hi), n in zip(segments, counts):
+                step = -(-(hi - lo) // n)
+                rows += [(w.node, w.pid, a, min(hi, a + step)) for a in range(lo, hi, step)]
+            continue
         step = max(1, -(-total // parts))
         at, i, done = 0, 0, 0        # the next piece's start, in time into the part; its segment; time before it
         while at < total and i < len(segments):
