@@ -243,7 +243,8 @@ def test_watch_names_a_real_straggler_within_20s_and_reports_its_recovery(harnes
                                  "--ca", client.ca, "--cert", client.cert, "--key", client.key],
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        case = harness.run_case("cpu-hog", rank=0, warmup_s=20.0, fault_s=18.0, cooldown_s=16.0)
+        # (the recovery comes about 11 s after the hog ends: the episode closes, then 3 polls without a straggler)
+        case = harness.run_case("cpu-hog", rank=0, warmup_s=20.0, fault_s=18.0, cooldown_s=22.0)
     finally:
         procs.end(proc, wait_s=30)
     text = watch_log.read_text()
@@ -262,7 +263,8 @@ def test_watch_names_a_real_straggler_within_20s_and_reports_its_recovery(harnes
     assert recovered and recovered[0]["node"] == case.node, text
     assert case.t_fault_end_ns < recovered[0]["mono_ns"] < case.t_end_ns, text   # while the job ran on
     # what the episode cost the job over the time the watch holds, from the collective calls the agents serve live
-    window = recovered[0]["window"]
-    assert window["measured"], text
-    (part,) = [p for p in window["parts"] if p["node"] == case.node]
-    assert part["what"] == "episode" and part["lost_s"] >= 1.0, text          # an 18-s hog: seconds lost
+    # (measured every 5 s: judged on every measure its verdict events carry, from the onset to the recovery)
+    windows = [e["window"] for e in events if first["mono_ns"] <= e["mono_ns"] <= recovered[0]["mono_ns"]
+               and (e.get("window") or {}).get("measured")]
+    parts = [p for w in windows for p in w["parts"] if p["node"] == case.node and p["what"] == "episode"]
+    assert max((p["lost_s"] for p in parts), default=0) >= 1.0, text          # an 18-s hog: seconds lost
