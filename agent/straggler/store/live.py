@@ -66,31 +66,28 @@ def latest_ts(conn):
     return row[0] if row and row[0] is not None else None
 
 
-def check_since(text):
-    """?since= as an int (None when empty); ValueError with a one-line reason otherwise."""
+def _query_int(name, text, what):
+    """?name= as an int (None when empty); ValueError with a one-line reason otherwise."""
     if text in (None, ""):
         return None
     try:
-        since = int(text)
+        value = int(text)
     except (TypeError, ValueError):
-        raise ValueError(f"since={str(text)[:40]!r}: give the node's CLOCK_MONOTONIC time in ns (an integer)") from None
-    if not INT64[0] <= since <= INT64[1]:
-        raise ValueError(f"since={str(text)[:40]} is out of range: give the node's CLOCK_MONOTONIC time in ns "
-                         f"(an integer between {INT64[0]} and {INT64[1]})")
-    return since
+        raise ValueError(f"{name}={str(text)[:40]!r}: {what} (an integer)") from None
+    if not INT64[0] <= value <= INT64[1]:
+        raise ValueError(f"{name}={str(text)[:40]} is out of range: {what} (an integer between {INT64[0]} and "
+                         f"{INT64[1]})")
+    return value
+
+
+def check_since(text):
+    """?since= as an int (None when empty); ValueError with a one-line reason otherwise."""
+    return _query_int("since", text, "give the node's CLOCK_MONOTONIC time in ns")
 
 
 def check_seq(text):
     """?after_seq= as an int (None when empty); ValueError with a one-line reason otherwise."""
-    if text in (None, ""):
-        return None
-    try:
-        seq = int(text)
-    except (TypeError, ValueError):
-        raise ValueError(f"after_seq={str(text)[:40]!r}: give the highest event seq the watch holds (an integer)") from None
-    if not INT64[0] <= seq <= INT64[1]:
-        raise ValueError(f"after_seq={str(text)[:40]} is out of range (an integer between {INT64[0]} and {INT64[1]})")
-    return seq
+    return _query_int("after_seq", text, "give the highest event seq the watch holds")
 
 
 def live_summary(db_path, since_ns=None, timeout_s=DEFAULT_TIMEOUT_S, after_seq=None):
