@@ -611,9 +611,8 @@ def test_calls_travel_once_in_the_order_they_were_written_whatever_the_caps_and_
     conn.close()
     since = 40 * 10**9                                        # the calls from 35 s on; that interval ends at 40 s
     monkeypatch.setattr(live, "MAX_COLLECTIVE_ROWS", 5)
-    monkeypatch.setattr(watch, "MAX_COLLECTIVE_ROWS", 5)
     first = live.live_summary(db, since_ns=since)
-    assert [r[1] for r in first["collectives"]] == [8, 9, 10, 11, 12] and first["truncated"]      # the newest
+    assert [r[1] for r in first["collectives"]] == [8, 9, 10, 11, 12] and first["calls_truncated"]   # the newest
     assert first["seq_high"] == 12
     assert [r[1] for r in first["aggregates"]] == [10 * 10**9], "an interval that ends after the margin comes"
     got, cursor = [], 0
@@ -627,6 +626,15 @@ def test_calls_travel_once_in_the_order_they_were_written_whatever_the_caps_and_
     status = SimpleNamespace(status="ok", message="", node="n")
     feed.apply(status, dict(first, node="n", thread_time=[]), None, 60 * 10**9)
     assert feed.after_seq == 12 and len(feed.collectives) == 5
+    held = watch.NodeFeed(address="127.0.0.1:2")               # a feed holds the newest MAX_HELD_CALLS
+    monkeypatch.setattr(watch, "MAX_HELD_CALLS", 3)
+    summary = [["n", 36 * 10**9, 10**9, 7, 7] + [0] * (len(first["columns"]["thread_time"]) - 5)]
+    held.apply(status, dict(first, node="n", thread_time=summary), None, 60 * 10**9)
+    assert list(held.collectives) == [10, 11, 12]
+    monkeypatch.setattr(watch, "MAX_HELD_CALLS", 100)
+    later = [["n", 99 * 10**9, 10**9, 7, 7] + [0] * (len(first["columns"]["thread_time"]) - 5)]
+    held.apply(status, dict(first, node="n", thread_time=later, collectives=[]), None, 60 * 10**9)
+    assert held.collectives == {}, "calls older than the time the watch holds are dropped"
     store = watch.build_store([feed], calls=True)
     assert store.execute("SELECT COUNT(*) FROM events").fetchone() == (5,)
     assert store.execute("SELECT COUNT(*) FROM aggregates").fetchone() == (0,), \

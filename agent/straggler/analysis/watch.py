@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from ..errors import UsageError
 from ..text import one_line
 from ..fleet.client import ANSWERED
-from ..store.live import AGGREGATE_COLUMNS, MAX_COLLECTIVE_ROWS, NET_FLOW_COLUMNS, NET_SAMPLE_COLUMNS
+from ..store.live import AGGREGATE_COLUMNS, NET_FLOW_COLUMNS, NET_SAMPLE_COLUMNS
 
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_WINDOW_S = 8.0       # a rank is judged once it has run this long (plus SETTLE_S) ...
@@ -84,7 +84,7 @@ class NodeFeed:
     lost: dict = field(default_factory=dict)          # (probe, ts) -> row
     net_flows: dict = field(default_factory=dict)     # (ts, pid, local address and port, peer's) -> row
     net_samples: dict = field(default_factory=dict)   # (ts, iface) -> row
-    collectives: dict = field(default_factory=dict)   # seq -> row
+    collectives: dict = field(default_factory=dict)   # seq -> row, in the order they came (seq order)
     after_seq: int = None                             # the highest seq of them: the next poll asks for the calls after
     calls_from_ns: int = None                         # the calls are complete from here on (an answer cut at its cap)
     aggregates: dict = field(default_factory=dict)    # (ts, pid, source, op) -> row (an interval's counts, twice)
@@ -130,7 +130,7 @@ class NodeFeed:
             seq = dict(zip(cols["collectives"], r))["seq"]
             self.collectives[seq] = r
             self.after_seq = seq if self.after_seq is None else max(self.after_seq, seq)
-        if calls and answer.get("truncated") and len(calls) >= MAX_COLLECTIVE_ROWS:
+        if calls and answer.get("calls_truncated") is True:
             # cut at its cap: a first answer holds the newest calls, a later one the oldest of a backlog the
             # next ones may not reach (they ask from a little before `since`): the calls are complete from here
             at = cols["collectives"].index("ts")
@@ -163,9 +163,13 @@ class NodeFeed:
         self.net_samples = {k: v for k, v in self.net_samples.items() if k[0] >= cut}
         self.aggregates = {k: v for k, v in self.aggregates.items() if k[0] >= cut}
         if self.collectives:
+            # held in the order they came (seq order: nearly time order), the oldest first: dropped from the front
             at = self.columns["collectives"].index("ts")
-            kept = sorted(((v[at], k) for k, v in self.collectives.items() if v[at] >= cut))[-MAX_HELD_CALLS:]
-            self.collectives = {k: self.collectives[k] for _, k in kept}
+            while self.collectives:
+                oldest = next(iter(self.collectives))
+                if self.collectives[oldest][at] >= cut and len(self.collectives) <= MAX_HELD_CALLS:
+                    break
+                del self.collectives[oldest]
         exited = self.columns["processes"].index("exited")
         self.processes = {pid: r for pid, r in self.processes.items() if r[exited] is None or r[exited] >= cut}
 

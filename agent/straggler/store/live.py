@@ -130,7 +130,8 @@ def live_summary(db_path, since_ns=None, timeout_s=DEFAULT_TIMEOUT_S, after_seq=
             WHERE source = 'nccl' AND op IN ({', '.join('?' * len(COLLECTIVE_OPS))}) AND ts >= ? AND seq > ?
             ORDER BY seq {'DESC' if after_seq is None else ''}
             LIMIT ?""", (*COLLECTIVE_OPS, late, INT64[0] if after_seq is None else after_seq, MAX_COLLECTIVE_ROWS + 1))
-        truncated = truncated or len(colls) > MAX_COLLECTIVE_ROWS
+        calls_truncated = len(colls) > MAX_COLLECTIVE_ROWS
+        truncated = truncated or calls_truncated
         colls = colls[:MAX_COLLECTIVE_ROWS]
         if after_seq is None:
             colls.reverse()
@@ -153,7 +154,8 @@ def live_summary(db_path, since_ns=None, timeout_s=DEFAULT_TIMEOUT_S, after_seq=
                         "collectives": list(COLLECTIVE_COLUMNS), "aggregates": list(AGGREGATE_COLUMNS)},
             "thread_time": threads, "block": block, "processes": processes, "lost": lost, "net_flows": flows,
             "net_samples": samples, "collectives": colls, "aggregates": aggs, "since_ns": since_ns, "latest_ns": newest,
-            "seq_high": _int_or_none(seq_high[0] if seq_high else None), "truncated": truncated}
+            "seq_high": _int_or_none(seq_high[0] if seq_high else None), "truncated": truncated,
+            "calls_truncated": calls_truncated}
 
 
 def _int_or_none(value):
