@@ -82,7 +82,8 @@ struct config {
     u32 auto_target;   /* 1: an in-scope process that calls a traced function becomes a target */
     u32 notify_exec;   /* 1: report every in-scope exec (so --comm patterns are matched at once) */
     u32 self_tgid;     /* the agent itself: its own block I/O (the database) is not traced */
-    u32 record_coll;   /* 1: every collective call gets a row (WHY_COLL): each rank's steps, in order */
+    u32 record_coll;   /* 1: every collective call (WHY_COLL) and outermost synchronize (WHY_SYNC) gets a row:
+                        * each rank's steps, in order */
 };
 
 /* A frame of a traced call in progress (entry seen, return not yet). */

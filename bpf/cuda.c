@@ -45,10 +45,13 @@
 #define WHY_ERROR 16   /* the call returned an error: cudaError_t, CUresult and ncclResult_t are 0 on success */
 #define WHY_SETUP 32   /* communicator set-up (ARG_NCCL_INIT, ARG_NCCL_SPLIT): rare, and what explain groups by */
 #define WHY_COLL 64    /* a collective, with config.record_coll: every one, so each rank's steps line up */
+#define WHY_SYNC 128   /* an outermost synchronize, with config.record_coll: every one (where the ranks wait
+                        * for their peers when collectives only enqueue) */
 #define FRAME_OUT_COMM 1    /* frame.kind: a set-up call's out-parameter communicator, read at return */
 #define FRAME_COLLECTIVE 2  /* frame.kind: a collective (ARG_NCCL .. ARG_NCCL_P2P) */
 #define NCCL_IN_PROGRESS 7   /* ncclInProgress */
-#define CLASS_COLLECTIVE 3   /* op_class: NCCL's functions (probes/symbols.py CALL_CLASSES) */
+#define CLASS_SYNC 2         /* op_class: *Synchronize (probes/symbols.py CALL_CLASSES) */
+#define CLASS_COLLECTIVE 3   /* op_class: NCCL's functions */
 
 struct agg_key {
     u32 tgid;
@@ -348,6 +351,11 @@ int call_return(struct pt_regs *ctx)
         why |= WHY_ERROR;
     if (c->record_coll && f->kind == FRAME_COLLECTIVE)
         why |= WHY_COLL;
+    if (c->record_coll && d == 0 && f->kind == 0) {   /* (a runtime synchronize's driver call is inside it) */
+        u32 *sync_cls = op_class.lookup(&op_index);
+        if (sync_cls && *sync_cls == CLASS_SYNC)
+            why |= WHY_SYNC;
+    }
     u64 new_comm = 0;
     if (f->kind == FRAME_OUT_COMM) {
         why |= WHY_SETUP;

@@ -540,6 +540,8 @@ class TestSampledNetns:
         wait_until(lambda: len(rows()) >= calls)
         assert len(rows()) == calls  # not 1 in 2
         assert all(reason in json.loads(detail)["why"] for (detail,) in rows())
+        if mode == "sync":             # every synchronize has a row of its own (where ranks wait behind NCCL)
+            assert all("sync" in json.loads(detail)["why"] for (detail,) in rows())
 
     def test_a_process_outside_the_namespace_is_not_traced(self, agent_b, inside_and_outside):
         _, outside = inside_and_outside

@@ -25,6 +25,7 @@ def test_every_shared_constant_has_one_value_in_c_and_python():
     python.update({name: getattr(records, name) for name in dir(records)
                    if re.fullmatch(r"(WHY|EV|PROC)_[A-Z]+", name) and isinstance(getattr(records, name), int)})
     python.update(NCCL_IN_PROGRESS=symbols.NCCL_IN_PROGRESS, CLASS_COLLECTIVE=symbols.CLASS_ID["collective"],
+                  CLASS_SYNC=symbols.CLASS_ID["sync"],
                   NCLASSES=len(symbols.CALL_CLASSES) + 1, NBUCKETS=loader.NBUCKETS)
     assert {k for k in c if re.fullmatch(r"ARG_[A-Z0-9_]+", k)} == {k for k in python if k.startswith("ARG_")}
     assert {k for k in c if k.startswith("WHY_")} == {k for k in python if k.startswith("WHY_")}

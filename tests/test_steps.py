@@ -72,15 +72,33 @@ def test_without_sync_points_nothing_is_measured():
     assert steps.whatif(steps.Steps(keys=[]), [], 0) is None
 
 
-@pytest.mark.parametrize("style, why", [("enqueue", "only enqueue"), ("blocking", "no steps to line up")])
-def test_a_trace_whose_steps_cannot_be_lined_up_says_why_the_time_lost_is_not_measured(tmp_path, style, why):
-    """Collectives that only enqueue return at once (the ranks wait in synchronize); a store without its
-    collectives (this synthetic one, or an agent run with --no-collective-rows) has none to line up."""
+def _call(op, start_ms, dur_ms, tid=1):
+    return dict(op=op, tid=tid, start_ns=int(start_ms * MS), end_ns=int((start_ms + dur_ms) * MS), wait_ns=int(dur_ms * MS))
+
+
+def test_with_collectives_that_only_enqueue_the_synchronize_after_each_is_the_sync_point():
+    """A step: the rank waits for its own kernels (a synchronize after no collective: no sync point), enqueues
+    its allreduce (returns at once), then waits in the next synchronize for the collective, that is for its
+    peers — with the runtime's and the driver's library traced, the driver's call inside it is the same wait."""
+    step = lambda t: [_call("cudaStreamSynchronize", t, 2), _call("ncclAllReduce", t + 2.1, 0.01),
+                      _call("cudaStreamSynchronize", t + 2.2, 5), _call("cuStreamSynchronize", t + 2.21, 4.98)]
+    rows = step(0) + step(10) + [_call("cudaDeviceSynchronize", 20, 1)]
+    assert steps.sync_points(rows) == [(int(7.2 * MS), 5 * MS), (int(17.2 * MS), 5 * MS)]
+    # a collective enqueued by another thread (the backward pass's), waited for by the main thread's synchronize
+    assert steps.sync_points([_call("ncclAllReduce", 0, 0.01, tid=2), _call("cudaStreamSynchronize", 1, 3)]) == \
+        [(4 * MS, 3 * MS)]
+    assert steps.sync_points([_call("cudaStreamSynchronize", 1, 3)]) == []
+
+
+def test_a_trace_whose_steps_cannot_be_lined_up_says_why_the_time_lost_is_not_measured(tmp_path):
+    """A store without its collectives and synchronize calls (this synthetic one, or an agent run with
+    --no-collective-rows) has none to line up."""
     from straggler.analysis import explain
     from straggler.render.report import to_text
     from straggler_lab import series
-    path = str(tmp_path / "cluster.db")
-    series.write_cluster(path, series.SeriesSpec(seconds=120, style=style))
-    report = explain.explain_db(path)
-    assert report.whatif["measured"] is False and why in report.whatif["why"]
-    assert to_text(report, show_sql=False).splitlines()[2].startswith("time lost: not measured (")
+    for style in ("blocking", "enqueue"):
+        path = str(tmp_path / f"cluster-{style}.db")
+        series.write_cluster(path, series.SeriesSpec(seconds=120, style=style))
+        report = explain.explain_db(path)
+        assert report.whatif["measured"] is False and "no steps to line up" in report.whatif["why"]
+        assert to_text(report, show_sql=False).splitlines()[2].startswith("time lost: not measured (")

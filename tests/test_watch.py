@@ -545,6 +545,31 @@ def test_the_live_answer_carries_the_jobs_sync_points_and_the_watch_keeps_each_c
         (len(aggs), sum(a["count"] for a in aggs))
 
 
+def test_with_collectives_that_only_enqueue_the_live_answer_carries_the_synchronize_calls_too(tmp_path):
+    """Where collectives only enqueue (NCCL on GPUs) the ranks wait for each other in synchronize: its calls
+    travel with the collectives (in the watch's store under their own library, where explain reads them), a
+    launch the agent happened to record does not."""
+    import sqlite3
+    from straggler.store.live import live_summary
+    db = str(tmp_path / "node.db")
+    _sync_store(db, "gpu-node-03", [(1, 2 * 10**9)])
+    conn = sqlite3.connect(db)
+    conn.executemany("INSERT INTO events(seq, node, source, op, ts, duration, pid, tid, rank) "
+                     "VALUES (?, 'gpu-node-03', ?, ?, ?, 5000000, 7, 7, 0)",
+                     [(2, "cuda", "cudaStreamSynchronize", 2 * 10**9 + 10**6),
+                      (3, "driver", "cuLaunchKernel", 2 * 10**9 + 10**7)])
+    conn.commit()
+    conn.close()
+    answer = live_summary(db, since_ns=3 * 10**9)
+    assert [r[answer["columns"]["collectives"].index("op")] for r in answer["collectives"]] == \
+        ["ncclAllReduce", "cudaStreamSynchronize"]
+    feed = watch.NodeFeed(address="127.0.0.1:1")
+    feed.apply(SimpleNamespace(status="ok", message="", node="gpu-node-03"), dict(answer, thread_time=[]), None,
+               60 * 10**9)
+    stored = watch.build_store([feed], calls=True).execute("SELECT source, op FROM events ORDER BY seq").fetchall()
+    assert stored == [("nccl", "ncclAllReduce"), ("cuda", "cudaStreamSynchronize")]
+
+
 def _lost(measured=True, imbalance_s=0.0, episode=None):
     if not measured:
         return {"measured": False, "why": "its collectives only enqueue"}

@@ -42,7 +42,7 @@ class AgentOptions:
     cuda_libs: List[str] = field(default_factory=list)     # also attach to these libraries (made absolute)
     scope: str = "host"                 # host: every process; netns: the agent's network namespace only
     record_all: bool = False
-    collective_rows: bool = True        # a row for every collective call: each rank's steps, lined up by explain
+    collective_rows: bool = True        # a row for every collective and synchronize: the steps explain lines up
     sample: int = 100                   # also record a random 1 in N of the other calls (0: none)
     slow_factor: float = 8.0            # a call >= F x the running median of its op is slow
     slow_floor_us: float = 10000.0      # a call this long is always slow

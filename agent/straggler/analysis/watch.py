@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from ..errors import UsageError
 from ..text import one_line
 from ..fleet.client import ANSWERED
+from ..probes.symbols import OP_SOURCE
 from ..store.live import AGGREGATE_COLUMNS, NET_FLOW_COLUMNS, NET_SAMPLE_COLUMNS
 
 DEFAULT_INTERVAL_S = 1.0
@@ -259,18 +260,19 @@ def build_store(feeds, min_span_ns=0, calls=False):
                 continue
             conn.executemany(f"INSERT INTO {table}(node, {', '.join(use)}) VALUES ({', '.join('?' * (len(use) + 1))})",
                              [[feed.node] + [d.get(c) for c in use] for d in (dict(zip(names, r)) for r in rows)])
-        # the job's sync points (its collective calls, each on its communicator) and the kernel's counts of
+        # the job's sync points (its collective calls, each on its communicator, and its synchronize calls: where
+        # the ranks wait when collectives only enqueue) and the kernel's counts of
         # its calls (an older agent sends neither: then the what-if says why it was not measured)
         # (where an answer was cut, the counts too begin where the calls are complete: explain compares them)
         complete = feed.calls_from_ns if feed.calls_from_ns is not None else -(1 << 63)
         names = cols.get("collectives")
         if calls and names and feed.collectives:
             rows = [d for d in (dict(zip(names, r)) for r in feed.collectives.values())
-                    if isinstance(d.get("op"), str) and d["ts"] >= complete]
+                    if isinstance(d.get("op"), str) and d["op"] in OP_SOURCE and d["ts"] >= complete]
             conn.executemany("INSERT INTO events(seq, node, source, op, ts, duration, pid, tid, rank, detail) "
-                             "VALUES (?, ?, 'nccl', ?, ?, ?, ?, ?, ?, json_object('comm', ?))",
-                             [(d["seq"], feed.node, d.get("op"), d["ts"], d.get("duration") or 0, d.get("pid"),
-                               d.get("tid"), d.get("rank"), d.get("communicator")) for d in rows])
+                             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, json_object('comm', ?))",
+                             [(d["seq"], feed.node, OP_SOURCE[d["op"]], d["op"], d["ts"], d.get("duration") or 0,
+                               d.get("pid"), d.get("tid"), d.get("rank"), d.get("communicator")) for d in rows])
         names = cols.get("aggregates")
         if calls and names and feed.aggregates:
             use = [c for c in AGGREGATE_COLUMNS[1:] if c in names]

@@ -44,8 +44,9 @@ def add_arguments(parser):
                         help="host: every process (default); netns: only processes in the agent's network namespace")
     parser.add_argument("--record-all", action="store_true", help="a row for every call (see below)")
     parser.add_argument("--no-collective-rows", dest="collective_rows", action="store_false",
-                        help="no row for every collective call (by default each one gets a row, so that explain can "
-                             "line up the ranks step by step: the time the job loses to imbalance that moves)")
+                        help="no row for every collective and synchronize call (by default each one gets a row, so "
+                             "that explain can line up the ranks step by step: the time the job loses to imbalance "
+                             "that moves)")
     parser.add_argument("--sample", type=int, default=defaults.sample, metavar="N",
                         help=f"also record a random 1 in N of the other calls (default {defaults.sample}; 0: none)")
     parser.add_argument("--slow-factor", type=float, default=defaults.slow_factor, metavar="F",

@@ -18,9 +18,9 @@ _PREV_COMM = struct.Struct("<4I")                 # sched: the previous task's c
 EV_CALL, EV_SCHED, EV_BLOCK, EV_PROC = 1, 2, 3, 4
 PROC_NEW, PROC_FORK, PROC_EXEC, PROC_EXIT, PROC_SETNS = 1, 2, 3, 4, 5
 STATE_BLOCKED, STATE_PREEMPTED, STATE_UNKNOWN = 0, 1, 2
-WHY_ALL, WHY_SLOW, WHY_OFFCPU, WHY_SAMPLE, WHY_ERROR, WHY_SETUP, WHY_COLL = 1, 2, 4, 8, 16, 32, 64
+WHY_ALL, WHY_SLOW, WHY_OFFCPU, WHY_SAMPLE, WHY_ERROR, WHY_SETUP, WHY_COLL, WHY_SYNC = 1, 2, 4, 8, 16, 32, 64, 128
 WHY_NAMES = [(WHY_SLOW, "slow"), (WHY_OFFCPU, "offcpu"), (WHY_SAMPLE, "sample"), (WHY_ERROR, "error"),
-             (WHY_SETUP, "setup"), (WHY_COLL, "collective")]
+             (WHY_SETUP, "setup"), (WHY_COLL, "collective"), (WHY_SYNC, "sync")]
 NBUCKETS = 40
 PREV_VALID, PREV_IN_SCOPE, PREV_TARGET = 1, 2, 4   # bpf/sched.c: what held the CPU before a switch-in
 CLASS_NAMES = (None,) + symbols.CALL_CLASSES         # call class id -> name (0: outside any traced call)

@@ -148,6 +148,7 @@ LAUNCH_OPS = tuple(op for op, _, kind, _ in FUNCTIONS if kind in ARG_HAS_DIMS)  
 COLLECTIVE_OPS = tuple(op for op, _, kind, _ in FUNCTIONS if kind in ARG_NCCL_COLL_KINDS)   # a step's collectives
 OP_SOURCE = {op: source for op, source, _, _ in FUNCTIONS}
 OP_CLASS = {op: _class_of(op, source) for op, source, _, _ in FUNCTIONS}
+SYNC_OPS = tuple(op for op in OPS if OP_CLASS[op] == "sync")      # where a rank waits for its device (and peers)
 SYMBOLS = []          # by sym_id
 GROUPS = []           # (op_id, [Symbol, ...] alternatives in order)
 for _op_id, (_op, _source, _kind, _groups) in enumerate(FUNCTIONS):

@@ -126,8 +126,10 @@ def whatif_text(w):
         parts.append(f"{p['node']} ({what}) {p['lost_s']:g} s")
     imb = w.get("imbalance") or {}
     parts.append(f"imbalance and jitter {imb.get('lost_s', 0):g} s")
+    where = (" (in the synchronize after each collective: what the hosts' lateness cost; a slower GPU's time is not "
+             "seen there)" if w.get("waited_in") == "synchronize" else "")
     return [f"time lost: {w['lost_s']:g} s of {w['span_s']:g} s ({w['lost_ratio']:.0%}) waiting for the slowest rank at "
-            f"{w['sync_points']:,} sync points — " + ", ".join(parts)]
+            f"{w['sync_points']:,} sync points{where} — " + ", ".join(parts)]
 
 
 def _fmt_pct(p):
@@ -273,7 +275,8 @@ def to_junit(report):
     props = ""
     if w.get("measured"):
         values = (("lost_s", w["lost_s"]), ("lost_ratio", w["lost_ratio"]), ("span_s", w["span_s"]),
-                  ("imbalance_lost_s", (w.get("imbalance") or {}).get("lost_s", 0)))
+                  ("imbalance_lost_s", (w.get("imbalance") or {}).get("lost_s", 0)),
+                  ("waited_in", w.get("waited_in", "collectives")))
         props = ("  <properties>\n" + "".join(f'    <property name="{name}" value="{value}"/>\n' for name, value in values)
                  + "  </properties>\n")
     return ('<?xml version="1.0" encoding="UTF-8"?>\n'

@@ -15,7 +15,7 @@ The tables and columns here are the ones explain reads (analysis/explain/sql.py)
 controller can put the answers of every node into one in-memory store and run the same explain
 on it. Reads only, under a deadline (store.query.reading: SQLite is interrupted at it).
 """
-from ..probes.symbols import COLLECTIVE_OPS
+from ..probes.symbols import COLLECTIVE_OPS, OP_SOURCE, SYNC_OPS
 from .query import reading
 
 # per answer: a node traces a few threads per rank; one interval per second, so this is minutes
@@ -43,12 +43,14 @@ NET_SAMPLE_COLUMNS = ("node", "ts", "iface", "operstate", "carrier", "speed_mbps
                       "rx_missed_errors", "tx_carrier_errors")
 MAX_NET_ROWS = 10_000
 # the job's sync points (explain's steps.py lines them up: the watch's what-if): each recorded collective
-# call, the communicator it was on; and the kernel's counts of every traced call (is every collective
+# call, the communicator it was on, and each recorded synchronize call; and the kernel's counts of every traced call (is every collective
 # recorded? how many kernels per collective?). Both are read from LATE_NS before `since`: a call is written
 # when it returns, an interval's counts when it ends. The calls the watch holds already are left out by their
 # seq (?after_seq=: seqs grow in the order rows are written; `seq_high`, the highest the node ever wrote, tells
 # a watch that the store was replaced); the counts come again (the watch keys them)
 COLLECTIVE_COLUMNS = ("node", "seq", "ts", "duration", "pid", "tid", "rank", "op", "communicator")
+STEP_OPS = COLLECTIVE_OPS + SYNC_OPS        # (with collectives that only enqueue, the ranks wait in synchronize)
+STEP_SOURCES = tuple(sorted({OP_SOURCE[op] for op in STEP_OPS}))
 AGGREGATE_COLUMNS = ("node", "ts", "interval_ns", "pid", "rank", "source", "op", "count", "sum_ns", "max_ns")
 MAX_COLLECTIVE_ROWS = 20_000
 MAX_AGGREGATE_ROWS = 20_000
@@ -127,9 +129,11 @@ def live_summary(db_path, since_ns=None, timeout_s=DEFAULT_TIMEOUT_S, after_seq=
         colls = _rows(conn, f"""
             SELECT node, seq, ts, duration, pid, tid, rank, op, json_extract(detail, '$.comm') AS communicator
             FROM events
-            WHERE source = 'nccl' AND op IN ({', '.join('?' * len(COLLECTIVE_OPS))}) AND ts >= ? AND seq > ?
+            WHERE source IN ({', '.join('?' * len(STEP_SOURCES))}) AND op IN ({', '.join('?' * len(STEP_OPS))})
+              AND ts >= ? AND seq > ?
             ORDER BY seq {'DESC' if after_seq is None else ''}
-            LIMIT ?""", (*COLLECTIVE_OPS, late, INT64[0] if after_seq is None else after_seq, MAX_COLLECTIVE_ROWS + 1))
+            LIMIT ?""", (*STEP_SOURCES, *STEP_OPS, late, INT64[0] if after_seq is None else after_seq,
+                         MAX_COLLECTIVE_ROWS + 1))
         calls_truncated = len(colls) > MAX_COLLECTIVE_ROWS
         truncated = truncated or calls_truncated
         colls = colls[:MAX_COLLECTIVE_ROWS]

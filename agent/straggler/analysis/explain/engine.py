@@ -275,7 +275,7 @@ def _whatif(runner, report, series, judged):
     imb = w.imbalance
     ranks = [dict(node=k[0], pid=k[1], rank=series.rank_of.get(k), sync_points=n) for k, n in imb["slowest"][:4]]
     report.whatif = dict(measured=True, first_ns=found.ends[0], last_ns=found.ends[-1], span_s=round(w.span_s, 1),
-                         sync_points=w.sync_points, lost_s=round(w.lost_s, 2),
+                         sync_points=w.sync_points, waited_in=found.waited_in, lost_s=round(w.lost_s, 2),
                          lost_ratio=round(w.lost_ratio, 3), parts=w.parts,
                          imbalance=dict(lost_s=imb["lost_s"], sync_points=imb["sync_points"], slowest=ranks),
                          sql=found.sql)

@@ -402,29 +402,32 @@ ORDER BY e.node, e.pid, communicator, e.op"""
 
 
 def step_calls(ranges, ops, limit):
-    """Every collective call of each rank over its range [(node, pid, lo, hi, offset)] (its node's clock; the
-    agent records each one: WHY_COLL), in order: where it ended on the fleet timeline and how long the rank
-    waited in it, with its communicator; at most `limit` rows."""
+    """Every call of `ops` (collectives; and synchronize calls, where the ranks wait when collectives only
+    enqueue) of each rank over its range [(node, pid, lo, hi, offset)] (its node's clock; the agent records
+    each one: WHY_COLL, WHY_SYNC), in order: where it began and ended on the fleet timeline, how long the rank
+    waited in it, its thread and its communicator; at most `limit` rows."""
+    sources = sorted({OP_SOURCE[o] for o in ops})
     return f"""
 WITH {values_cte("rk", ("node", "pid", "lo", "hi", "off"), sorted(ranges))}
-SELECT e.node, e.pid, e.ts + e.duration + rk.off AS end_ns, e.duration AS wait_ns,
-       json_extract(e.detail, '$.comm') AS communicator
+SELECT e.node, e.pid, e.tid, e.op, e.ts + rk.off AS start_ns, e.ts + e.duration + rk.off AS end_ns,
+       e.duration AS wait_ns, json_extract(e.detail, '$.comm') AS communicator
 FROM rk JOIN events e ON +e.pid = rk.pid AND e.ts >= rk.lo AND e.ts < rk.hi AND +e.node = rk.node
-WHERE e.source = 'nccl' AND e.op IN ({', '.join(q(o) for o in ops)})
+WHERE e.source IN ({', '.join(q(s) for s in sources)}) AND e.op IN ({', '.join(q(o) for o in ops)})
 ORDER BY e.node, e.pid, e.ts
 LIMIT {int(limit)}"""
 
 
 def step_counts(ranges, ops):
-    """How many collective calls each rank made over the same ranges, counted by the kernel (aggregates): is
+    """How many calls of each op each rank made over the same ranges, counted by the kernel (aggregates): is
     every one recorded?"""
+    sources = sorted({OP_SOURCE[o] for o in ops})
     return f"""
 WITH {values_cte("rk", ("node", "pid", "lo", "hi", "off"), sorted(ranges))}
-SELECT a.node, a.pid, SUM(a.count) AS calls
+SELECT a.node, a.pid, a.op, SUM(a.count) AS calls
 FROM rk JOIN aggregates a ON a.node = rk.node AND a.pid = rk.pid AND a.ts >= rk.lo AND a.ts < rk.hi
-WHERE a.source = 'nccl' AND a.op IN ({', '.join(q(o) for o in ops)})
-GROUP BY a.node, a.pid
-ORDER BY a.node, a.pid"""
+WHERE a.source IN ({', '.join(q(s) for s in sources)}) AND a.op IN ({', '.join(q(o) for o in ops)})
+GROUP BY a.node, a.pid, a.op
+ORDER BY a.node, a.pid, a.op"""
 
 
 # ---- a long trace: its roll-ups first (store.rollup; coarse.py) ---------------------------------------

@@ -10,15 +10,19 @@ trace, that is the job's time lost to its slowest ranks, whoever they were — a
 rank's pauses, and imbalance that moves from rank to rank (uneven batches, a different rank slowest at
 each step), which names no node and costs the job all the same.
 
-The agent records every collective call (WHY_COLL); calls that only enqueue (NCCL on GPUs) return at
-once and cannot be lined up this way: there the ranks wait in synchronize. Pure functions over rows, and
-`measure`, which reads them; nothing here names a straggler.
+The agent records every collective call (WHY_COLL) and every outermost synchronize (WHY_SYNC). Calls that
+only enqueue (NCCL on GPUs) return at once: there a rank waits for its peers in the first synchronize after
+it enqueued a collective (the synchronize waits for the collective, which ends when the last rank's part has
+come), so those synchronize calls are the sync points (sync_points). That is the hosts' view: a rank whose
+host came late is the slowest there, but a GPU slower than the others holds every rank's synchronize alike
+(its host came on time), and what it costs is not seen. Pure functions over rows, and `measure`, which reads
+them; nothing here names a straggler.
 """
 import bisect
 import statistics
 from dataclasses import dataclass, field
 
-from ...probes.symbols import COLLECTIVE_OPS
+from ...probes.symbols import COLLECTIVE_OPS, SYNC_OPS
 from . import sql
 
 MAX_ROWS = 400_000             # collective calls read at most (then: not measured, said so)
@@ -27,7 +31,6 @@ MIN_STEADY = 0.6               # ... and each rank's calls keep their place in t
 MIN_SHARE_OF_CALLS = 0.1       # a process with fewer collectives than this share of the ranks' median is no rank of
                                # this job's rhythm (one that ended or began at the span's edge): left out
 MIN_STEPS = 10                 # sync points lined up at least
-MAX_WAIT_SHARE_ENQUEUE = 0.05  # collective calls this short (share of the span): they only enqueue
 
 
 @dataclass
@@ -37,6 +40,7 @@ class Steps:
     ends: list = field(default_factory=list)     # [fleet ns] per sync point
     waits: list = field(default_factory=list)    # [{key: wait ns}] per sync point
     why_not: str = None                          # why the steps could not be lined up (then no sync points)
+    waited_in: str = "collectives"               # where the ranks wait at them: collectives, or synchronize
     sql: dict = field(default_factory=dict)
 
 
@@ -93,24 +97,61 @@ def lost(waits):
     return max(0, statistics.median(waits.values()) - waits[slowest]), slowest
 
 
+def sync_points(rows):
+    """One rank's sync points with collectives that only enqueue: from its collective and synchronize calls
+    in time order (dicts: op, tid, start_ns, end_ns, wait_ns), the first synchronize that began after it
+    enqueued a collective -> [(end_ns, wait_ns)]. A synchronize inside another on its thread (the driver's
+    call inside the runtime's, with both libraries traced) is the same wait, counted once; one that follows
+    no collective (a rank waiting for its own kernels) is no sync point."""
+    out, enqueued, outer_end = [], False, {}
+    for r in rows:
+        if r["op"] not in SYNC_OPS:
+            enqueued = True
+            continue
+        tid, start, end = r.get("tid"), int(r["start_ns"]), int(r["end_ns"])
+        if start < outer_end.get(tid, start):
+            continue                   # nested in the thread's synchronize before it
+        outer_end[tid] = end
+        if enqueued:
+            out.append((end, int(r["wait_ns"])))
+            enqueued = False
+    return out
+
+
+def _outermost_syncs(rows):
+    """How many of the rows are synchronize calls not inside another on their thread."""
+    n, outer_end = 0, {}
+    for r in rows:
+        if r["op"] in SYNC_OPS:
+            tid, start = r.get("tid"), int(r["start_ns"])
+            if start >= outer_end.get(tid, start):
+                n += 1
+                outer_end[tid] = int(r["end_ns"])
+    return n
+
+
 def measure(runner, series):
     """The Steps of the series' ranks over its span, or Steps with why_not."""
     keys = sorted(series.ranks)
-    out = Steps(keys=keys)
-    if series.wait_def == "enqueue":
-        out.why_not = ("its collectives only enqueue (the ranks wait in synchronize): the calls cannot line the "
-                       "steps up")
-        return out
+    enqueue = series.wait_def == "enqueue"
+    out = Steps(keys=keys, waited_in="synchronize" if enqueue else "collectives")
+    ops = COLLECTIVE_OPS + (SYNC_OPS if enqueue else ())
     end = series.bin_start(series.n_bins)
     ranges = [(node, pid, series.to_node(node, series.t0_ns), series.to_node(node, end), series.clocks[node].offset_ns)
               for node, pid in keys]
-    out.sql = {"step_calls": sql.step_calls(ranges, COLLECTIVE_OPS, MAX_ROWS + 1).strip(),
-               "step_counts": sql.step_counts(ranges, COLLECTIVE_OPS).strip()}
+    out.sql = {"step_calls": sql.step_calls(ranges, ops, MAX_ROWS + 1).strip(),
+               "step_counts": sql.step_counts(ranges, ops).strip()}
     rows = runner.rows(out.sql["step_calls"])
     if len(rows) > MAX_ROWS:
-        out.why_not = f"more than {MAX_ROWS:,} collective calls in the span: not lined up in one read"
+        out.why_not = f"more than {MAX_ROWS:,} collective and synchronize calls in the span: not lined up in one read"
         return out
-    counted = {(r["node"], int(r["pid"])): int(r["calls"] or 0) for r in runner.rows(out.sql["step_counts"])}
+    counted, syncs_counted = {}, {}
+    for r in runner.rows(out.sql["step_counts"]):
+        key, n = (r["node"], int(r["pid"])), int(r["calls"] or 0)
+        if r["op"] in SYNC_OPS:        # (the runtime's synchronize calls the driver's: the most-called one)
+            syncs_counted[key] = max(syncs_counted.get(key, 0), n)
+        else:
+            counted[key] = counted.get(key, 0) + n
     by_key = {}
     for r in rows:
         by_key.setdefault((r["node"], int(r["pid"])), []).append(r)
@@ -123,19 +164,30 @@ def measure(runner, series):
         return out
     for key in keys:
         mine = by_key.get(key, [])
-        if len(mine) < MIN_RECORDED * counted[key]:
-            out.why_not = (f"{key[0]} (pid {key[1]}): {len(mine):,} of its {counted.get(key, 0):,} collective calls "
-                           f"recorded (an agent that does not record every one: an older version, or "
-                           f"--no-collective-rows)")
+        colls = [r for r in mine if r["op"] not in SYNC_OPS]
+        syncs = _outermost_syncs(mine) if enqueue else 0
+        if len(colls) < MIN_RECORDED * counted[key] or syncs < MIN_RECORDED * syncs_counted.get(key, 0):
+            what, n, of = (("collective", len(colls), counted[key]) if len(colls) < MIN_RECORDED * counted[key]
+                           else ("synchronize", syncs, syncs_counted[key]))
+            out.why_not = (f"{key[0]} (pid {key[1]}): {n:,} of its {of:,} {what} calls recorded (an agent that does "
+                           f"not record every one: an older version, or --no-collective-rows)")
             return out
-        main = statistics.mode(r["communicator"] for r in mine)      # the communicator it calls most
-        calls[key] = sorted((int(r["end_ns"]), int(r["wait_ns"])) for r in mine if r["communicator"] == main)
+        if enqueue:
+            calls[key] = sync_points(mine)
+            if len(calls[key]) < MIN_STEPS:
+                out.why_not = (f"{key[0]} (pid {key[1]}): {len(calls[key])} synchronize calls after its collectives: "
+                               f"a rank that does not wait for them on the host has no sync points to line up")
+                return out
+        else:
+            main = statistics.mode(r["communicator"] for r in colls)      # the communicator it calls most
+            calls[key] = sorted((int(r["end_ns"]), int(r["wait_ns"])) for r in colls if r["communicator"] == main)
     out.ends, out.waits, steady = line_up(calls)
     off = [k for k, share in steady.items() if share < MIN_STEADY]
     if off or len(out.waits) < MIN_STEPS:
-        out.why_not = ("the ranks' collectives do not line up" +
-                       (f" ({off[0][0]}: {steady[off[0]]:.0%} of its calls keep their place in the others' order: "
-                        f"ranks in different groups, or clocks that drift)" if off else ""))
+        out.why_not = ("the ranks' " + ("synchronize calls after their collectives" if enqueue else "collectives")
+                       + " do not line up"
+                       + (f" ({off[0][0]}: {steady[off[0]]:.0%} of its calls keep their place in the others' order: "
+                          f"ranks in different groups, or clocks that drift)" if off else ""))
         out.ends, out.waits = [], []
     return out
 
