@@ -79,14 +79,16 @@ def _call(op, start_ms, dur_ms, tid=1):
 def test_with_collectives_that_only_enqueue_the_synchronize_after_each_is_the_sync_point():
     """A step: the rank waits for its own kernels (a synchronize after no collective: no sync point), enqueues
     its allreduce (returns at once), then waits in the next synchronize for the collective, that is for its
-    peers — with the runtime's and the driver's library traced, the driver's call inside it is the same wait."""
+    peers, from its allreduce call on — with the runtime's and the driver's library traced, the driver's call
+    inside it is the same wait."""
     step = lambda t: [_call("cudaStreamSynchronize", t, 2), _call("ncclAllReduce", t + 2.1, 0.01),
                       _call("cudaStreamSynchronize", t + 2.2, 5), _call("cuStreamSynchronize", t + 2.21, 4.98)]
     rows = step(0) + step(10) + [_call("cudaDeviceSynchronize", 20, 1)]
-    assert steps.sync_points(rows) == [(int(7.2 * MS), 5 * MS), (int(17.2 * MS), 5 * MS)]
-    # a collective enqueued by another thread (the backward pass's), waited for by the main thread's synchronize
-    assert steps.sync_points([_call("ncclAllReduce", 0, 0.01, tid=2), _call("cudaStreamSynchronize", 1, 3)]) == \
-        [(4 * MS, 3 * MS)]
+    assert steps.sync_points(rows) == [(int(7.2 * MS), int(5.1 * MS)), (int(17.2 * MS), int(5.1 * MS))]
+    # a collective enqueued by another thread (the backward pass's), waited for by the main thread's synchronize;
+    # the rank's wait runs from its (last) collective call, however late its synchronize began
+    assert steps.sync_points([_call("ncclAllReduce", 0, 0.01, tid=2), _call("ncclAllReduce", 0.5, 0.01, tid=2),
+                              _call("cudaStreamSynchronize", 1, 3)]) == [(4 * MS, int(3.5 * MS))]
     assert steps.sync_points([_call("cudaStreamSynchronize", 1, 3)]) == []
 
 
@@ -102,3 +104,19 @@ def test_a_trace_whose_steps_cannot_be_lined_up_says_why_the_time_lost_is_not_me
         report = explain.explain_db(path)
         assert report.whatif["measured"] is False and "no steps to line up" in report.whatif["why"]
         assert to_text(report, show_sql=False).splitlines()[2].startswith("time lost: not measured (")
+
+
+def test_time_lost_to_one_rank_no_episode_names_is_not_called_imbalance_that_moves():
+    """Behind collectives that only enqueue every rank's time shares are alike, so no episode names the rank
+    that came last at almost every sync point: the finding says it fell on that rank, not that it moved, and
+    recommends looking at its work before its node is drained."""
+    from straggler.analysis.explain import findings
+    whatif = dict(span_s=24.0, sync_points=600, waited_in="synchronize", sql={"step_calls": "SELECT 1"},
+                  imbalance=dict(lost_s=6.8, sync_points=600, slowest=[dict(node="gpu-node-03", rank=2, sync_points=590),
+                                                                       dict(node="gpu-node-01", rank=0, sync_points=10)]))
+    one = findings.imbalance_finding(whatif, 3)
+    assert one.node is None and "one rank" in one.summary and "gpu-node-03 (rank 2) came last" in one.summary
+    assert "moves" not in one.summary and "only enqueue" in one.summary and "its GPU's own word" in one.recommendation
+    whatif["imbalance"]["slowest"] = [dict(node=f"gpu-node-0{i + 1}", rank=i, sync_points=200) for i in range(3)]
+    moving = findings.imbalance_finding(whatif, 3)
+    assert "no rank stands out" in moving.summary and "do not drain" in moving.recommendation

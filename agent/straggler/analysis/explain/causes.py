@@ -62,4 +62,9 @@ IMBALANCE_RECOMMENDATION = (
     "balance each step's work across the ranks, not the nodes (they are healthy: do not drain any): bucket or pack "
     "sequences by length so every rank's batch holds as many tokens, size micro-batches by tokens, balance the "
     "pipeline stages; where a rank's own pauses or data loading stall it at random, see its host compute")
+# ... where it fell on one rank most (one rank late at most sync points, though no episode names it)
+ONE_RANK_RECOMMENDATION = (
+    "look at what that rank does each step that the others do not: its work (kernels launched and their sizes, its "
+    "batch, its pipeline stage), its host compute, its GPU; rebalance the work where it has more, and drain its node "
+    "only where its GPU's own word (clock-event reasons, Xid) says it is at fault")
 

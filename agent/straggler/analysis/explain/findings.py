@@ -8,7 +8,7 @@ from ...probes import symbols
 from ...text import fmt_bytes, fmt_ns as _fmt_ns
 from . import comms as comms_model, model, sql
 from .causes import (CAUSE_CLASSES, DEVICE_RECOMMENDATION, DEVICE_WORDS, IMBALANCE_RECOMMENDATION,
-                     MORE_WORK_RECOMMENDATION, NET_RECOMMENDATION, NET_WORDS, SIMPLE_CAUSES)
+                     MORE_WORK_RECOMMENDATION, ONE_RANK_RECOMMENDATION, NET_RECOMMENDATION, NET_WORDS, SIMPLE_CAUSES)
 from .report import Finding
 
 
@@ -56,24 +56,33 @@ def error_findings(report, runner, cut=None):
 
 def imbalance_finding(whatif, n_ranks):
     """The job's time lost at sync points where its slowest rank was none an episode names (steps.py): imbalance
-    that moves between ranks, and jitter — a finding of the job, no node's."""
+    that moves between ranks, and jitter — a finding of the job, no node's. Where one rank was the slowest at
+    most of them, it says so: a rank late at every step that no episode names (a gap too small in each step,
+    or collectives that only enqueue, where the ranks' time shares are alike)."""
     imb = whatif["imbalance"]
     points = imb["sync_points"] or 1
     fell = "; ".join(f"{r['node']} (rank {r['rank']}) {r['sync_points'] / points:.0%}" for r in imb["slowest"])
     top = imb["slowest"][0]["sync_points"] / points if imb["slowest"] else 0.0
-    where = ("no rank stands out: it moves from rank to rank" if top <= 2.0 / max(2, n_ranks) else
-             "the one most often slowest still too little each time to be a straggler episode")
+    moves = top <= 2.0 / max(2, n_ranks)
     share = imb["lost_s"] / whatif["span_s"] if whatif["span_s"] else 0.0
     numbers = {"lost_s": imb["lost_s"], "lost_ratio": round(share, 3), "sync_points": imb["sync_points"],
                "job_sync_points": whatif["sync_points"], "span_s": whatif["span_s"],
                **{f"{r['node']}.rank{r['rank']}.slowest": r["sync_points"] for r in imb["slowest"]}}
-    return Finding(
-        severity="warning", node=None, cause="imbalance",
-        summary=(f"imbalance that moves between ranks: the job lost {imb['lost_s']:g} s ({share:.0%} of its "
-                 f"{whatif['span_s']:g} s) waiting for its slowest rank at {imb['sync_points']:,} of its "
-                 f"{whatif['sync_points']:,} sync points where no episode was — what if every rank had taken the "
-                 f"median rank's time at each; slowest there: {fell or 'nobody'} ({where})"),
-        numbers=numbers, sql=dict(whatif["sql"]), recommendation=IMBALANCE_RECOMMENDATION, share=round(share, 3))
+    lost = (f"the job lost {imb['lost_s']:g} s ({share:.0%} of its {whatif['span_s']:g} s) waiting for its slowest rank "
+            f"at {imb['sync_points']:,} of its {whatif['sync_points']:,} sync points where no episode was — what if every "
+            f"rank had taken the median rank's time at each; slowest there: {fell or 'nobody'}")
+    if moves:
+        summary = f"imbalance that moves between ranks: {lost} (no rank stands out: it moves from rank to rank)"
+    else:
+        first = imb["slowest"][0]
+        summary = (f"time lost to one rank that no episode names: {lost} — {first['node']} (rank {first['rank']}) "
+                   f"came last at most of them ("
+                   + ("its time shares were like the others': with collectives that only enqueue every rank "
+                      "waits in synchronize alike" if whatif.get("waited_in") == "synchronize" else
+                      "too little each time to be a straggler episode") + ")")
+    return Finding(severity="warning", node=None, cause="imbalance", summary=summary, numbers=numbers,
+                   sql=dict(whatif["sql"]), share=round(share, 3),
+                   recommendation=IMBALANCE_RECOMMENDATION if moves else ONE_RANK_RECOMMENDATION)
 
 
 def missing_finding(report, ctx, world, spans_sql):

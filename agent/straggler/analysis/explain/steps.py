@@ -13,7 +13,8 @@ each step), which names no node and costs the job all the same.
 The agent records every collective call (WHY_COLL) and every outermost synchronize (WHY_SYNC). Calls that
 only enqueue (NCCL on GPUs) return at once: there a rank waits for its peers in the first synchronize after
 it enqueued a collective (the synchronize waits for the collective, which ends when the last rank's part has
-come), so those synchronize calls are the sync points (sync_points). That is the hosts' view: a rank whose
+come), so those synchronize calls are the sync points (sync_points), and a rank's wait is from its collective
+call to their end. That is the hosts' view: a rank whose
 host came late is the slowest there, but a GPU slower than the others holds every rank's synchronize alike
 (its host came on time), and what it costs is not seen. Pure functions over rows, and `measure`, which reads
 them; nothing here names a straggler.
@@ -99,22 +100,25 @@ def lost(waits):
 
 def sync_points(rows):
     """One rank's sync points with collectives that only enqueue: from its collective and synchronize calls
-    in time order (dicts: op, tid, start_ns, end_ns, wait_ns), the first synchronize that began after it
-    enqueued a collective -> [(end_ns, wait_ns)]. A synchronize inside another on its thread (the driver's
-    call inside the runtime's, with both libraries traced) is the same wait, counted once; one that follows
-    no collective (a rank waiting for its own kernels) is no sync point."""
-    out, enqueued, outer_end = [], False, {}
+    in time order (dicts: op, tid, start_ns, end_ns), the first synchronize that began after it enqueued a
+    collective -> [(end_ns, wait_ns)]. The rank's wait there runs from its last collective call before it to
+    the synchronize's end: how much earlier than the last rank it came to the collective (a rank that got to
+    its synchronize only after the collective was done waited there not at all, and came no later for that).
+    A synchronize inside another on its thread (the driver's call inside the runtime's, with both libraries
+    traced) is the same wait, counted once; one that follows no collective (a rank waiting for its own
+    kernels) is no sync point."""
+    out, enqueued_at, outer_end = [], None, {}
     for r in rows:
         if r["op"] not in SYNC_OPS:
-            enqueued = True
+            enqueued_at = int(r["start_ns"])
             continue
         tid, start, end = r.get("tid"), int(r["start_ns"]), int(r["end_ns"])
         if start < outer_end.get(tid, start):
             continue                   # nested in the thread's synchronize before it
         outer_end[tid] = end
-        if enqueued:
-            out.append((end, int(r["wait_ns"])))
-            enqueued = False
+        if enqueued_at is not None:
+            out.append((end, end - enqueued_at))
+            enqueued_at = None
     return out
 
 
