@@ -98,40 +98,36 @@ def lost(waits):
     return max(0, statistics.median(waits.values()) - waits[slowest]), slowest
 
 
+def _outermost(rows):
+    """The rows (in time order) less each synchronize inside another on its thread: the driver's call inside
+    the runtime's, with both libraries traced, is the same wait."""
+    outer_end = {}
+    for r in rows:
+        if r["op"] in SYNC_OPS:
+            tid, start = r.get("tid"), int(r["start_ns"])
+            if start < outer_end.get(tid, start):
+                continue
+            outer_end[tid] = int(r["end_ns"])
+        yield r
+
+
 def sync_points(rows):
     """One rank's sync points with collectives that only enqueue: from its collective and synchronize calls
     in time order (dicts: op, tid, start_ns, end_ns), the first synchronize that began after it enqueued a
     collective -> [(end_ns, wait_ns)]. The rank's wait there runs from its last collective call before it to
     the synchronize's end: how much earlier than the last rank it came to the collective (a rank that got to
     its synchronize only after the collective was done waited there not at all, and came no later for that).
-    A synchronize inside another on its thread (the driver's call inside the runtime's, with both libraries
-    traced) is the same wait, counted once; one that follows no collective (a rank waiting for its own
-    kernels) is no sync point."""
-    out, enqueued_at, outer_end = [], None, {}
-    for r in rows:
+    A synchronize inside another is counted once (_outermost); one that follows no collective (a rank waiting
+    for its own kernels) is no sync point."""
+    out, enqueued_at = [], None
+    for r in _outermost(rows):
         if r["op"] not in SYNC_OPS:
             enqueued_at = int(r["start_ns"])
-            continue
-        tid, start, end = r.get("tid"), int(r["start_ns"]), int(r["end_ns"])
-        if start < outer_end.get(tid, start):
-            continue                   # nested in the thread's synchronize before it
-        outer_end[tid] = end
-        if enqueued_at is not None:
+        elif enqueued_at is not None:
+            end = int(r["end_ns"])
             out.append((end, end - enqueued_at))
             enqueued_at = None
     return out
-
-
-def _outermost_syncs(rows):
-    """How many of the rows are synchronize calls not inside another on their thread."""
-    n, outer_end = 0, {}
-    for r in rows:
-        if r["op"] in SYNC_OPS:
-            tid, start = r.get("tid"), int(r["start_ns"])
-            if start >= outer_end.get(tid, start):
-                n += 1
-                outer_end[tid] = int(r["end_ns"])
-    return n
 
 
 def measure(runner, series):
@@ -169,7 +165,7 @@ def measure(runner, series):
     for key in keys:
         mine = by_key.get(key, [])
         colls = [r for r in mine if r["op"] not in SYNC_OPS]
-        syncs = _outermost_syncs(mine) if enqueue else 0
+        syncs = sum(1 for r in _outermost(mine) if r["op"] in SYNC_OPS) if enqueue else 0
         if len(colls) < MIN_RECORDED * counted[key] or syncs < MIN_RECORDED * syncs_counted.get(key, 0):
             what, n, of = (("collective", len(colls), counted[key]) if len(colls) < MIN_RECORDED * counted[key]
                            else ("synchronize", syncs, syncs_counted[key]))
