@@ -85,6 +85,7 @@ def test_with_collectives_that_only_enqueue_the_synchronize_after_each_is_the_sy
                       _call("cudaStreamSynchronize", t + 2.2, 5), _call("cuStreamSynchronize", t + 2.21, 4.98)]
     rows = step(0) + step(10) + [_call("cudaDeviceSynchronize", 20, 1)]
     assert steps.sync_points(rows) == [(int(7.2 * MS), int(5.1 * MS)), (int(17.2 * MS), int(5.1 * MS))]
+    assert steps.synchronize_calls(rows) == 5          # (the driver's inside the runtime's: once)
     # a collective enqueued by another thread (the backward pass's), waited for by the main thread's synchronize;
     # the rank's wait runs from its (last) collective call, however late its synchronize began
     assert steps.sync_points([_call("ncclAllReduce", 0, 0.01, tid=2), _call("ncclAllReduce", 0.5, 0.01, tid=2),

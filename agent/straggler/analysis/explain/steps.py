@@ -111,6 +111,12 @@ def _outermost(rows):
         yield r
 
 
+def synchronize_calls(rows):
+    """How many synchronize calls the rows hold, one inside another counted once (the agent records the
+    outermost: are they all recorded?)."""
+    return sum(1 for r in _outermost(rows) if r["op"] in SYNC_OPS)
+
+
 def sync_points(rows):
     """One rank's sync points with collectives that only enqueue: from its collective and synchronize calls
     in time order (dicts: op, tid, start_ns, end_ns), the first synchronize that began after it enqueued a
@@ -165,7 +171,7 @@ def measure(runner, series):
     for key in keys:
         mine = by_key.get(key, [])
         colls = [r for r in mine if r["op"] not in SYNC_OPS]
-        syncs = sum(1 for r in _outermost(mine) if r["op"] in SYNC_OPS) if enqueue else 0
+        syncs = synchronize_calls(mine) if enqueue else 0
         if len(colls) < MIN_RECORDED * counted[key] or syncs < MIN_RECORDED * syncs_counted.get(key, 0):
             what, n, of = (("collective", len(colls), counted[key]) if len(colls) < MIN_RECORDED * counted[key]
                            else ("synchronize", syncs, syncs_counted[key]))
