@@ -20,13 +20,14 @@ It prints a line only when the verdict changes (Tracker):
                 be a new episode (explain's `may_resume`; a fault that comes and goes, or quiets for a few
                 seconds, stays one episode through its off-phases) or HOLD_TICKS polls passed, or the job's
                 ranks are gone
-  imbalance     the job loses a share of its time (explain's imbalance finding over the time held) to a slowest
-                rank that moves from rank to rank: no node's fault, and no straggler named (CONFIRM_TICKS)
+  imbalance     the job loses a share of its time (explain's imbalance finding over the time held) to slowest
+                ranks no episode names (one that moves from rank to rank, or one rank late at most sync points
+                behind collectives that only enqueue): no straggler named (CONFIRM_TICKS)
   balanced      it no longer does (CLEAR_TICKS)
   lost / back   a node stops answering / answers again (the watch goes on with the others)
 Each verdict event, and the watch's end, carries `window`: the job's time lost over the time the watch holds
 (its last --baseline + --window seconds) at its sync
-points, split by what lost it (explain's what-if, from the collective calls the agents record), measured
+points, split by what lost it (explain's what-if, from the collective and synchronize calls the agents record), measured
 every WHATIF_EVERY_S.
 The faces (straggler.cli.watch: text lines for people, JSON lines for machines, --exec hooks; the
 Ansible action) render the events; --until-straggler ends the watch with exit status 1 at the first

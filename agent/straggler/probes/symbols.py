@@ -149,6 +149,9 @@ COLLECTIVE_OPS = tuple(op for op, _, kind, _ in FUNCTIONS if kind in ARG_NCCL_CO
 OP_SOURCE = {op: source for op, source, _, _ in FUNCTIONS}
 OP_CLASS = {op: _class_of(op, source) for op, source, _, _ in FUNCTIONS}
 SYNC_OPS = tuple(op for op in OPS if OP_CLASS[op] == "sync")      # where a rank waits for its device (and peers)
+# a step's sync points: its collectives, and, behind collectives that only enqueue, the synchronize after them
+# (explain's steps.py; the live answer carries the same calls to the watch)
+STEP_OPS = COLLECTIVE_OPS + SYNC_OPS
 SYMBOLS = []          # by sym_id
 GROUPS = []           # (op_id, [Symbol, ...] alternatives in order)
 for _op_id, (_op, _source, _kind, _groups) in enumerate(FUNCTIONS):

@@ -15,7 +15,7 @@ The tables and columns here are the ones explain reads (analysis/explain/sql.py)
 controller can put the answers of every node into one in-memory store and run the same explain
 on it. Reads only, under a deadline (store.query.reading: SQLite is interrupted at it).
 """
-from ..probes.symbols import COLLECTIVE_OPS, OP_SOURCE, SYNC_OPS
+from ..probes.symbols import OP_SOURCE, STEP_OPS
 from .query import reading
 
 # per answer: a node traces a few threads per rank; one interval per second, so this is minutes
@@ -49,7 +49,6 @@ MAX_NET_ROWS = 10_000
 # seq (?after_seq=: seqs grow in the order rows are written; `seq_high`, the highest the node ever wrote, tells
 # a watch that the store was replaced); the counts come again (the watch keys them)
 COLLECTIVE_COLUMNS = ("node", "seq", "ts", "duration", "pid", "tid", "rank", "op", "communicator")
-STEP_OPS = COLLECTIVE_OPS + SYNC_OPS        # (with collectives that only enqueue, the ranks wait in synchronize)
 STEP_SOURCES = tuple(sorted({OP_SOURCE[op] for op in STEP_OPS}))
 AGGREGATE_COLUMNS = ("node", "ts", "interval_ns", "pid", "rank", "source", "op", "count", "sum_ns", "max_ns")
 MAX_COLLECTIVE_ROWS = 20_000

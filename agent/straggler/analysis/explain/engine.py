@@ -233,8 +233,12 @@ def _episodes_judged(runner, opts, report, span_rows, cut, series, judged, devic
         # too short to segment, a straggler it names is reported as that straggler's episode; on a longer
         # one the segmentation has looked at every stretch of it, and a rank that merely waits a little
         # less over the whole cut (a job's root rank, a fault's first second) is no straggler
-        analysis = analyse(runner, opts, cut_windows(span_rows, opts, DEFAULT_BASELINE_FRACTION, cut), span_rows)
-        analysis.job_wait_def = timeline.job_wait_def(series) if series is not None else None
+        # (judged where the job's ranks wait for each other: with collectives that only enqueue, a window's
+        # own choice could compare their time in collectives, which every rank spends none of)
+        job_wait_def = timeline.job_wait_def(series) if series is not None else None
+        analysis = analyse(runner, opts, cut_windows(span_rows, opts, DEFAULT_BASELINE_FRACTION, cut), span_rows,
+                           wait_def=job_wait_def)
+        analysis.job_wait_def = job_wait_def
         if series is not None and series.n_bins >= SEGMENTED_BINS and analysis.verdict.stragglers:
             _segmented_rejects(analysis.verdict)
         if not analysis.verdict.stragglers or series is None:

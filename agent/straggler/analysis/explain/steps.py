@@ -23,10 +23,10 @@ import bisect
 import statistics
 from dataclasses import dataclass, field
 
-from ...probes.symbols import COLLECTIVE_OPS, SYNC_OPS
+from ...probes.symbols import COLLECTIVE_OPS, STEP_OPS, SYNC_OPS
 from . import sql
 
-MAX_ROWS = 400_000             # collective calls read at most (then: not measured, said so)
+MAX_ROWS = 400_000             # collective (and synchronize) calls read at most (then: not measured, said so)
 MIN_RECORDED = 0.8             # the recorded calls are every call (the kernel's count) within this much
 MIN_STEADY = 0.6               # ... and each rank's calls keep their place in the reference rank's order (line_up)
 MIN_SHARE_OF_CALLS = 0.1       # a process with fewer collectives than this share of the ranks' median is no rank of
@@ -120,20 +120,18 @@ def synchronize_calls(rows):
 def sync_points(rows):
     """One rank's sync points with collectives that only enqueue: from its collective and synchronize calls
     in time order (dicts: op, tid, start_ns, end_ns), the first synchronize that began after it enqueued a
-    collective -> [(end_ns, wait_ns)]. The rank's wait there runs from its last collective call before it to
-    the synchronize's end: how much earlier than the last rank it came to the collective (a rank that got to
-    its synchronize only after the collective was done waited there not at all, and came no later for that).
-    A synchronize inside another is counted once (_outermost); one that follows no collective (a rank waiting
-    for its own kernels) is no sync point."""
+    collective -> [(its end, the start of the rank's last collective call before it)], in the order they
+    end. A synchronize inside another is counted once (_outermost); one that follows no collective (a rank
+    waiting for its own kernels) is no sync point. The rank's wait there (measure) runs from that collective
+    call to where the sync point ends."""
     out, enqueued_at = [], None
     for r in _outermost(rows):
         if r["op"] not in SYNC_OPS:
             enqueued_at = int(r["start_ns"])
         elif enqueued_at is not None:
-            end = int(r["end_ns"])
-            out.append((end, end - enqueued_at))
+            out.append((int(r["end_ns"]), enqueued_at))
             enqueued_at = None
-    return out
+    return sorted(out)
 
 
 def measure(runner, series):
@@ -141,7 +139,7 @@ def measure(runner, series):
     keys = sorted(series.ranks)
     enqueue = series.wait_def == "enqueue"
     out = Steps(keys=keys, waited_in="synchronize" if enqueue else "collectives")
-    ops = COLLECTIVE_OPS + (SYNC_OPS if enqueue else ())
+    ops = STEP_OPS if enqueue else COLLECTIVE_OPS
     end = series.bin_start(series.n_bins)
     ranges = [(node, pid, series.to_node(node, series.t0_ns), series.to_node(node, end), series.clocks[node].offset_ns)
               for node, pid in keys]
@@ -182,12 +180,19 @@ def measure(runner, series):
             calls[key] = sync_points(mine)
             if len(calls[key]) < MIN_STEPS:
                 out.why_not = (f"{key[0]} (pid {key[1]}): {len(calls[key])} synchronize calls after its collectives: "
-                               f"a rank that does not wait for them on the host has no sync points to line up")
+                               f"a rank that waits for them in no traced synchronize has no sync points to line up")
                 return out
         else:
             main = statistics.mode(r["communicator"] for r in colls)      # the communicator it calls most
             calls[key] = sorted((int(r["end_ns"]), int(r["wait_ns"])) for r in colls if r["communicator"] == main)
     out.ends, out.waits, steady = line_up(calls)
+    if enqueue:
+        # each rank's wait: from its collective call to where the sync point ended (the reference rank's end:
+        # every rank's synchronize ends when the collective does, give or take its own GPU work after it), so
+        # how much earlier than the last rank it came to the collective — a rank that reached its synchronize
+        # after the collective was done came no later for that, and one whose own work after the collective
+        # ended its synchronize later waited no longer for its peers
+        out.waits = [{k: end - called for k, called in w.items()} for end, w in zip(out.ends, out.waits)]
     off = [k for k, share in steady.items() if share < MIN_STEADY]
     if off or len(out.waits) < MIN_STEPS:
         out.why_not = ("the ranks' " + ("synchronize calls after their collectives" if enqueue else "collectives")
