@@ -209,7 +209,7 @@ def run_devices(bed, out, runs, log):
                 for p in result.phases:
                     row = dict(style="enqueue", run=run, fault=name, expected=p.expected_cause, valid=p.valid,
                                reason=p.reason, slowdown=None if p.slowdown is None else round(p.slowdown, 2),
-                               phantoms=phantoms)
+                               phantoms=phantoms, **lost_check(result, report))
                     if p.valid:
                         row.update(zip(("node_ok", "cause_ok", "start_ok"), sc.score_phase(result, p, report)))
                     rows.append(row)

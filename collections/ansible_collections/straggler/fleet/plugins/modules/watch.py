@@ -155,9 +155,10 @@ time_lost:
   description:
     - The job's time lost over the last time the watch held (its last O(baseline) + O(window) seconds) at its
       sync points, split by what lost it (explain's
-      what-if, from the collective calls the agents record), or null before the first verdict.
-    - Keys measured; when measured, span_s, sync_points, lost_s, lost_ratio, parts (each node's episode or pauses,
-      with what, node, lost_s) and imbalance (lost_s, sync_points, slowest); when not, why.
+      what-if, from the collective and synchronize calls the agents record), or null before the first verdict.
+    - Keys measured; when measured, span_s, sync_points, waited_in (collectives, or synchronize where the
+      collectives only enqueue), lost_s, lost_ratio, parts (each node's episode or pauses, with what, node,
+      lost_s) and imbalance (lost_s, sync_points, slowest); when not, why.
   returned: success
   type: dict
   sample:
