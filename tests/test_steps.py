@@ -84,12 +84,13 @@ def test_with_collectives_that_only_enqueue_the_synchronize_after_each_is_the_sy
     step = lambda t: [_call("cudaStreamSynchronize", t, 2), _call("ncclAllReduce", t + 2.1, 0.01),
                       _call("cudaStreamSynchronize", t + 2.2, 5), _call("cuStreamSynchronize", t + 2.21, 4.98)]
     rows = step(0) + step(10) + [_call("cudaDeviceSynchronize", 20, 1)]
-    assert steps.sync_points(rows) == [(int(7.2 * MS), int(2.1 * MS)), (int(17.2 * MS), int(12.1 * MS))]
+    assert steps.sync_points(rows) == [(int(7.2 * MS), (int(7.2 * MS), int(2.1 * MS))),
+                                       (int(17.2 * MS), (int(17.2 * MS), int(12.1 * MS)))]
     assert steps.synchronize_calls(rows) == 5          # (the driver's inside the runtime's: once)
     # a collective enqueued by another thread (the backward pass's), waited for by the main thread's synchronize;
     # the rank's wait runs from its (last) collective call, however late its synchronize began
     assert steps.sync_points([_call("ncclAllReduce", 0, 0.01, tid=2), _call("ncclAllReduce", 0.5, 0.01, tid=2),
-                              _call("cudaStreamSynchronize", 1, 3)]) == [(4 * MS, int(0.5 * MS))]
+                              _call("cudaStreamSynchronize", 1, 3)]) == [(4 * MS, (4 * MS, int(0.5 * MS)))]
     assert steps.sync_points([_call("cudaStreamSynchronize", 1, 3)]) == []
 
 

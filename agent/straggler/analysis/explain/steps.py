@@ -120,16 +120,16 @@ def synchronize_calls(rows):
 def sync_points(rows):
     """One rank's sync points with collectives that only enqueue: from its collective and synchronize calls
     in time order (dicts: op, tid, start_ns, end_ns), the first synchronize that began after it enqueued a
-    collective -> [(its end, the start of the rank's last collective call before it)], in the order they
-    end. A synchronize inside another is counted once (_outermost); one that follows no collective (a rank
-    waiting for its own kernels) is no sync point. The rank's wait there (measure) runs from that collective
-    call to where the sync point ends."""
+    collective -> [(its end, (its end, the start of the rank's last collective call before it))], in the
+    order they end. A synchronize inside another is counted once (_outermost); one that follows no
+    collective (a rank waiting for its own kernels) is no sync point. The rank's wait there (measure) runs
+    from that collective call to the synchronize's end."""
     out, enqueued_at = [], None
     for r in _outermost(rows):
         if r["op"] not in SYNC_OPS:
             enqueued_at = int(r["start_ns"])
         elif enqueued_at is not None:
-            out.append((int(r["end_ns"]), enqueued_at))
+            out.append((int(r["end_ns"]), (int(r["end_ns"]), enqueued_at)))
             enqueued_at = None
     return sorted(out)
 
@@ -187,12 +187,11 @@ def measure(runner, series):
             calls[key] = sorted((int(r["end_ns"]), int(r["wait_ns"])) for r in colls if r["communicator"] == main)
     out.ends, out.waits, steady = line_up(calls)
     if enqueue:
-        # each rank's wait: from its collective call to where the sync point ended (the reference rank's end:
-        # every rank's synchronize ends when the collective does, give or take its own GPU work after it), so
-        # how much earlier than the last rank it came to the collective — a rank that reached its synchronize
-        # after the collective was done came no later for that, and one whose own work after the collective
-        # ended its synchronize later waited no longer for its peers
-        out.waits = [{k: end - called for k, called in w.items()} for end, w in zip(out.ends, out.waits)]
+        # each rank's wait: from its collective call to its synchronize's end, as a blocking call's would be,
+        # but never from before the collective was done: a synchronize that ended before most ranks' (another
+        # thread's, between its collective and its own) ends where theirs did (their median)
+        out.waits = [{k: max(end, done) - called for k, (end, called) in w.items()}
+                     for w in out.waits for done in [statistics.median(end for end, _ in w.values())]]
     off = [k for k, share in steady.items() if share < MIN_STEADY]
     if off or len(out.waits) < MIN_STEPS:
         out.why_not = ("the ranks' " + ("synchronize calls after their collectives" if enqueue else "collectives")
