@@ -10,9 +10,10 @@ kernel log as root. explain with its defaults over the job:
 and, in a job of its own on hosts that each have a spare GPU no rank uses (it idles at its lowest clock):
   one GPU throttled from before the first step to the last -> that node named, slow all along (no clean
                                                               time to measure the job against), never
-                                                              "the job did not slow down"
-  a different rank doing 3x the work at each step -> nobody named; the job's time lost measured at the
-                                                     synchronize after each collective
+                                                              "the job did not slow down"; what it
+                                                              cost measured at the synchronize after each
+                                                              collective (this job's host waits for its own
+                                                              GPU before it enqueues its allreduce)
 Each phase checks itself first: one that did not slow the job is left out, with the reason.
 """
 import pytest
@@ -61,7 +62,9 @@ def test_a_gpu_throttled_all_along_beside_idle_spare_gpus_is_named_slow_all_alon
     """Tracing starts on a job already slow: rank 2's GPU throttled before its first step and to its last,
     every host with a spare GPU idling at its lowest clock. The job has no clean time (its best rate is the
     slow one), so the GPU is judged against the other GPUs at work: named, slow all along; the idle spares
-    are no evidence (as throttled GPUs they would make half the fleet look alike)."""
+    are no evidence (as throttled GPUs they would make half the fleet look alike). What it cost is measured
+    step by step at the synchronize after each allreduce (the agent records every synchronize), within 15 %
+    of what the job's own step logs say, and held by its episode."""
     phases = [sc.Phase("gpu-throttled", rank=2, start_s=0, end_s=None, size=3)]
     run = sc.run_schedule(harness, phases, seconds=30, name="all-along")
     (p,) = run.phases
@@ -75,26 +78,12 @@ def test_a_gpu_throttled_all_along_beside_idle_spare_gpus_is_named_slow_all_alon
     assert e["all_along"] and e["slowdown"] is None and e["lost_s"] is None, text
     assert not [f for f in report.findings if "did not slow down" in f.summary], text
     assert sc.phantom_episodes(run, report) == [], text
-
-
-
-def test_behind_enqueued_collectives_the_time_lost_is_measured_at_each_synchronize_after_them(harness, tmp_path):
-    """Collectives that only enqueue: each rank waits for its peers in the synchronize after it enqueued its
-    allreduce (the agent records every synchronize). A different rank does 3x the work at each step (uneven
-    batches: its host waits for its own kernels before it enqueues, as this job's step does), the job much
-    slower: nobody named, the imbalance reported, and the time the job lost measured at those synchronize
-    calls within 15 % of what the job's own step logs say, said to be where it was measured."""
-    phases = [sc.Phase("imbalance", start_s=6, end_s=None, expect_named=False)]
-    run = sc.run_schedule(harness, phases, seconds=30, name="imbalance-enqueue", kernel_us=1200, hosts=3)
-    (p,) = run.phases
-    if not p.valid:
-        pytest.skip(f"invalid case: {p.reason}")
-    report = sc.diagnose(run, tmp_path, "imbalance-enqueue")
-    text = to_text(report, show_sql=False, width=150) + f"\nphase: {p.reason}"
-    assert report.stragglers == [] and report.episodes == [], text
     w = report.whatif
     assert w["measured"] and w["waited_in"] == "synchronize", text
+    assert "synchronize after each collective" in text.splitlines()[2], text
     truth_s, _ = sc.lost_truth(run, w["first_ns"] - run.real_minus_mono_ns, w["last_ns"] - run.real_minus_mono_ns)
     assert abs(w["lost_s"] - truth_s) <= 0.15 * truth_s, f"explain {w['lost_s']} s, the job's logs {truth_s:.2f} s\n{text}"
-    assert any(f.cause == "imbalance" and f.node is None for f in report.findings), text
-    assert "synchronize after each collective" in text.splitlines()[2], text
+    (part,) = [p for p in w["parts"] if p["node"] == e["node"]]
+    assert part["all_along"] and part["lost_s"] >= 0.8 * w["lost_s"], text
+
+

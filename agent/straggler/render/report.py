@@ -126,8 +126,8 @@ def whatif_text(w):
         parts.append(f"{p['node']} ({what}) {p['lost_s']:g} s")
     imb = w.get("imbalance") or {}
     parts.append(f"imbalance and jitter {imb.get('lost_s', 0):g} s")
-    where = (" (in the synchronize after each collective: what the hosts' lateness cost; a slower GPU's time is not "
-             "seen there)" if w.get("waited_in") == "synchronize" else "")
+    where = (" (in the synchronize after each collective: the hosts' view; a GPU that falls behind while its host "
+             "runs ahead is not seen there)" if w.get("waited_in") == "synchronize" else "")
     return [f"time lost: {w['lost_s']:g} s of {w['span_s']:g} s ({w['lost_ratio']:.0%}) waiting for the slowest rank at "
             f"{w['sync_points']:,} sync points{where} — " + ", ".join(parts)]
 
