@@ -282,11 +282,9 @@ static __always_inline void aggregate(struct config *c, u32 tgid, u16 op, u64 du
     __sync_fetch_and_add(&a->hist[bucket], 1);
 }
 
-static __always_inline void add_thread_call(u32 tid, u32 tgid, u16 op, u64 dur)
+/* k: the op's call class (op_class) */
+static __always_inline void add_thread_call(u32 tid, u32 tgid, u32 k, u64 dur)
 {
-    u32 op_index = op;
-    u32 *cls = op_class.lookup(&op_index);
-    u32 k = cls ? *cls : 0;
     if (k >= NCLASSES)
         k = 0;
     struct thread_calls *t = thread_calls.lookup(&tid);
@@ -325,13 +323,17 @@ int call_return(struct pt_regs *ctx)
     u64 dur = now - f->ts;
     u16 op = f->op;
     aggregate(c, tgid, op, dur);
-    if (d == 0)
-        add_thread_call(tid, tgid, op, dur);  /* outermost call only: a runtime call's driver call is inside it */
+    u32 op_index = op;
+    u32 cls = 0;  /* the op's call class: looked up once, for the outermost call only */
+    if (d == 0) {
+        u32 *found_cls = op_class.lookup(&op_index);
+        cls = found_cls ? *found_cls : 0;
+        add_thread_call(tid, tgid, cls, dur);  /* outermost call only: a runtime call's driver call is inside it */
+    }
 
     u32 why = 0;
     if (c->record_all)
         why |= WHY_ALL;
-    u32 op_index = op;
     u64 *slow = slow_ns.lookup(&op_index);
     if (slow && *slow && dur >= *slow)
         why |= WHY_SLOW;
@@ -351,11 +353,8 @@ int call_return(struct pt_regs *ctx)
         why |= WHY_ERROR;
     if (c->record_coll && f->kind == FRAME_COLLECTIVE)
         why |= WHY_COLL;
-    if (c->record_coll && d == 0 && f->kind == 0) {   /* (a runtime synchronize's driver call is inside it) */
-        u32 *sync_cls = op_class.lookup(&op_index);
-        if (sync_cls && *sync_cls == CLASS_SYNC)
-            why |= WHY_SYNC;
-    }
+    if (c->record_coll && cls == CLASS_SYNC)   /* outermost only (cls is 0 inside another call) */
+        why |= WHY_SYNC;
     u64 new_comm = 0;
     if (f->kind == FRAME_OUT_COMM) {
         why |= WHY_SETUP;
