@@ -43,8 +43,8 @@ NET_SAMPLE_COLUMNS = ("node", "ts", "iface", "operstate", "carrier", "speed_mbps
                       "rx_missed_errors", "tx_carrier_errors")
 MAX_NET_ROWS = 10_000
 # the job's sync points (explain's steps.py lines them up: the watch's what-if): each recorded collective
-# call, the communicator it was on, and each recorded synchronize call; and the kernel's counts of every traced call (is every collective
-# recorded? how many kernels per collective?). Both are read from LATE_NS before `since`: a call is written
+# call, the communicator it was on, and each recorded synchronize call; and the kernel's counts of every
+# traced call (is every collective recorded? how many kernels per collective?). Both are read from LATE_NS before `since`: a call is written
 # when it returns, an interval's counts when it ends. The calls the watch holds already are left out by their
 # seq (?after_seq=: seqs grow in the order rows are written; `seq_high`, the highest the node ever wrote, tells
 # a watch that the store was replaced); the counts come again (the watch keys them)

@@ -14,9 +14,9 @@ The agent records every collective call (WHY_COLL) and every outermost synchroni
 only enqueue (NCCL on GPUs) return at once: there a rank waits for its peers in the first synchronize after
 it enqueued a collective (the synchronize waits for the collective, which ends when the last rank's part has
 come), so those synchronize calls are the sync points (sync_points), and a rank's wait is from its collective
-call to their end. That is the hosts' view: a rank whose
-host came late is the slowest there, but a GPU slower than the others holds every rank's synchronize alike
-(its host came on time), and what it costs is not seen. Pure functions over rows, and `measure`, which reads
+call to its synchronize's end. That is the hosts' view: a rank whose host came late to its collective is the
+slowest there, but a GPU that falls behind while its host runs ahead holds every rank's synchronize alike,
+and what it costs is not seen. Pure functions over rows, and `measure`, which reads
 them; nothing here names a straggler.
 """
 import bisect
